@@ -1,0 +1,45 @@
+"""The `aogpt` command line: one parser, one subcommand module per command.
+
+Each module in `COMMANDS` defines ``add_parser(subparsers)`` (registering its subparser with
+``set_defaults(func=run)``) and ``run(args) -> int``. User errors (`AOGPTError`) become a one-line
+``error: ...`` on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from aogpt.errors import AOGPTError
+
+COMMANDS = ["prepare", "train", "sample", "eval", "bench", "convert"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own errors: same one-line form, exit 2
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="aogpt", description="Any-order GPT: train, evaluate, sample and benchmark.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMANDS:
+        importlib.import_module(f"aogpt.cli.{name}").add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except AOGPTError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
