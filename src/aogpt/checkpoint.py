@@ -1,0 +1,196 @@
+"""Checkpoints: self-contained directories, written atomically, loaded without unpickling.
+
+Layout of one checkpoint directory (``RUN/ckpt-0001000``)::
+
+    model.safetensors   raw weights under "raw.<name>", EMA weights under "ema.<name>"
+                        (a tied output head is stored once, as its embedding)
+    config.json         {"format", "model": ModelConfig, "train": TrainConfig, "tokenizer", "step", ...}
+    tokenizer/          the tokenizer's files (a trained BPE travels with the model)
+    trainer.pt          optimizer, RNG and data-sampler state for --resume (tensors and plain
+                        containers only: read with weights_only=True)
+
+A run directory holds several ``ckpt-*`` directories; `find_checkpoint` picks the newest complete
+one. Each is written to a temporary name and renamed, so a crash never leaves a half-written
+checkpoint in place of a good one.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from aogpt.config import ModelConfig, model_config_from_dict
+from aogpt.errors import AOGPTError
+from aogpt.io import atomic_dir, read_json, write_json
+from aogpt.model import Transformer
+
+FORMAT = "aogpt-checkpoint/1"
+CKPT_PREFIX = "ckpt-"
+
+
+def unique_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict without aliases (a tied head shares the embedding's storage)."""
+    seen: set[int] = set()
+    out = {}
+    for name, tensor in model.state_dict().items():
+        key = tensor.untyped_storage().data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = tensor
+    return out
+
+
+def checkpoint_name(step: int) -> str:
+    return f"{CKPT_PREFIX}{step:07d}"
+
+
+def save_checkpoint(directory: Path, model: torch.nn.Module, *, config: dict[str, Any],
+                    ema: dict[str, torch.Tensor] | None = None, trainer_state: dict[str, Any] | None = None,
+                    tokenizer: Any = None) -> Path:
+    """Write a checkpoint directory atomically. `config` must hold "model" (a dict) at least."""
+    directory = Path(directory)
+    with atomic_dir(directory) as tmp:
+        tensors = {f"raw.{k}": v.detach().cpu().contiguous() for k, v in unique_state(model).items()}
+        if ema is not None:
+            tensors.update({f"ema.{k}": v.detach().cpu().contiguous() for k, v in ema.items()
+                            if f"raw.{k}" in tensors})
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": FORMAT})
+        write_json(tmp / "config.json", {"format": FORMAT, **config})
+        if tokenizer is not None:
+            (tmp / "tokenizer").mkdir()
+            tokenizer.save(tmp / "tokenizer")
+        if trainer_state is not None:
+            torch.save(trainer_state, tmp / "trainer.pt")
+    return directory
+
+
+def list_checkpoints(run: Path) -> list[Path]:
+    """Complete checkpoint directories of a run, oldest first."""
+    run = Path(run)
+    found = [p for p in run.glob(f"{CKPT_PREFIX}*") if p.is_dir() and (p / "config.json").is_file()
+             and (p / "model.safetensors").is_file()]
+    return sorted(found, key=lambda p: p.name)
+
+
+def find_checkpoint(path: Path) -> Path:
+    """A checkpoint directory itself, or the newest complete checkpoint inside a run directory."""
+    path = Path(path)
+    if not path.exists():
+        raise AOGPTError(f"checkpoint {path} does not exist", "pass a run directory or a ckpt-* directory")
+    if (path / "model.safetensors").is_file():
+        return path
+    found = list_checkpoints(path)
+    if not found:
+        raise AOGPTError(f"no checkpoint found in {path}", "train first, or pass a ckpt-* directory")
+    return found[-1]
+
+
+def prune_checkpoints(run: Path, keep_last: int) -> None:
+    for old in list_checkpoints(run)[:-keep_last] if keep_last > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def read_config(ckpt: Path) -> dict[str, Any]:
+    cfg = read_json(Path(ckpt) / "config.json", what="checkpoint config")
+    if not isinstance(cfg, dict) or cfg.get("format") != FORMAT or "model" not in cfg:
+        raise AOGPTError(f"{ckpt} is not an aogpt checkpoint (config.json lacks format {FORMAT})",
+                         "use `aogpt import` for the paper's .pt files")
+    return cfg
+
+
+def read_weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    path = Path(ckpt) / "model.safetensors"
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise AOGPTError(f"checkpoint weights {path} are corrupted or truncated ({exc})",
+                         "use an earlier checkpoint of the run") from None
+
+
+def weights_of(tensors: dict[str, torch.Tensor], which: str) -> dict[str, torch.Tensor]:
+    prefix = f"{which}."
+    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
+def load_state_into(model: torch.nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
+    """Load `state` strictly (a tied head may be absent), naming every mismatch."""
+    expected = unique_state(model)
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(model.state_dict()))
+    bad_shapes = [f"{k}: {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items()
+                  if k in state and state[k].shape != v.shape]
+    if missing or unexpected or bad_shapes:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else ""))
+        if unexpected:
+            parts.append(f"unexpected {', '.join(unexpected[:5])}" + (" ..." if len(unexpected) > 5 else ""))
+        if bad_shapes:
+            parts.append(f"shape mismatch {'; '.join(bad_shapes[:5])}")
+        raise AOGPTError(f"{where} does not fit the model: {' / '.join(parts)}",
+                         "check the checkpoint and its config.json")
+    model.load_state_dict(state, strict=False)
+
+
+@dataclass
+class Loaded:
+    """What `aogpt.load` returns: the model (eval mode), its tokenizer and configs."""
+
+    model: Transformer
+    tokenizer: Any
+    config: ModelConfig
+    train_config: dict[str, Any] = field(default_factory=dict)
+    step: int = 0
+    path: Path | None = None
+    weights: str = "ema"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def generate(self, **kwargs: Any) -> Any:
+        """Sample sequences; see `aogpt.generate.generate` for the arguments."""
+        from aogpt.generate import generate
+
+        return generate(self.model, tokenizer=self.tokenizer, **kwargs)
+
+    def infill(self, template: Any, **kwargs: Any) -> Any:
+        """Fill the blanks of a template; see `aogpt.generate.infill`."""
+        from aogpt.generate import infill
+
+        return infill(self.model, template, tokenizer=self.tokenizer, **kwargs)
+
+
+def load(path: str | Path, weights: str = "ema", device: str | torch.device = "cpu",
+         dtype: torch.dtype = torch.float32) -> Loaded:
+    """Load a checkpoint (or a run's newest one) for evaluation and generation.
+
+    weights: "ema" (default; falls back to raw weights with a clear error if none were saved) or
+    "raw".
+    """
+    if weights not in ("ema", "raw"):
+        raise AOGPTError(f"unknown weights {weights!r}", "use ema or raw")
+    ckpt = find_checkpoint(Path(path))
+    cfg = read_config(ckpt)
+    mcfg = model_config_from_dict(cfg["model"])
+    tensors = read_weights(ckpt)
+    state = weights_of(tensors, weights)
+    if not state:
+        raise AOGPTError(f"{ckpt} holds no {weights} weights", "pass --weights raw" if weights == "ema" else "")
+    if weights == "ema":  # buffers and any entry without an EMA copy come from the raw weights
+        state = {**weights_of(tensors, "raw"), **state}
+    model = Transformer(mcfg)
+    load_state_into(model, state, where=f"{ckpt}/model.safetensors")
+    model.to(device=device, dtype=dtype).eval()
+    tokenizer = None
+    spec = cfg.get("tokenizer")
+    if spec:
+        from aogpt.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(spec, ckpt / "tokenizer")
+    return Loaded(model=model, tokenizer=tokenizer, config=mcfg, train_config=cfg.get("train", {}),
+                  step=int(cfg.get("step", 0)), path=ckpt, weights=weights, meta=cfg)

@@ -1,0 +1,250 @@
+"""Model and training configuration: one dataclass each, named presets, overrides with checking.
+
+A run is described by a `ModelConfig` (architecture: the variant and its knobs) and a
+`TrainConfig` (optimisation, orders, evaluation, checkpoints). Presets give both; a JSON/TOML file
+and command-line flags override single fields. Unknown keys and wrong types are user errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aogpt.errors import AOGPTError
+
+VARIANTS = ("gpt", "sigma", "aogpt", "encoder-mdm")
+# How the target position (the original position of the token a slot must predict) enters the model
+# (paper Fig. 6): none (left-to-right GPT), input (sigma-GPT as reproduced in the paper), input-concat
+# (sigma-GPT's own [pos(current) || pos(next)] halves), every-block (the input table re-added before
+# every block), per-block (a separate table per block), adaln (AO-GPT: adaptive norm in every block).
+TARGET_INJECTIONS = ("none", "input", "input-concat", "every-block", "per-block", "adaln")
+NORMS = ("layernorm", "rmsnorm")
+
+
+@dataclass
+class ModelConfig:
+    variant: str = "aogpt"
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 256
+    block_size: int = 256
+    vocab_size: int = 8192
+    dropout: float = 0.0
+    bias: bool = True  # biases in linear layers (and LayerNorm when norm == "layernorm")
+    norm: str = "rmsnorm"
+    norm_eps: float = 1e-5
+    qk_norm: bool = True
+    target: str = "adaln"
+    target_dim: int = 128  # width of AO-GPT's target-position table that drives adaLN
+    tie_head: bool = False
+    head_bias: bool = True
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def causal(self) -> bool:
+        return self.variant != "encoder-mdm"
+
+    def validate(self) -> ModelConfig:
+        _check_choice("variant", self.variant, VARIANTS)
+        _check_choice("target", self.target, TARGET_INJECTIONS)
+        _check_choice("norm", self.norm, NORMS)
+        if self.n_embd % self.n_head:
+            raise AOGPTError(f"n_embd {self.n_embd} is not divisible by n_head {self.n_head}", "change one")
+        if self.variant in ("gpt", "encoder-mdm") and self.target != "none":
+            raise AOGPTError(f"variant {self.variant} takes no target position (target={self.target})",
+                             "set target to none")
+        if self.variant in ("sigma", "aogpt") and self.target == "none":
+            raise AOGPTError(f"variant {self.variant} needs a target-position injection", "set target")
+        if self.target == "input-concat" and self.n_embd % 2:
+            raise AOGPTError("target input-concat needs an even n_embd", "change n_embd")
+        if self.tie_head and self.head_bias:
+            raise AOGPTError("a tied output head has no bias in this model", "set head_bias false")
+        for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "target_dim"):
+            if getattr(self, name) < 1:
+                raise AOGPTError(f"{name} must be positive", "fix the config")
+        return self
+
+
+# The architecture each variant stands for, before size and per-run overrides.
+VARIANT_DEFAULTS: dict[str, dict[str, Any]] = {
+    # GPT-2 blocks, left to right, tied head: the paper's AR control.
+    "gpt": dict(norm="layernorm", qk_norm=False, target="none", tie_head=True, head_bias=False),
+    # sigma-GPT exactly as the paper reproduced it (and as its released checkpoints are).
+    "sigma": dict(norm="layernorm", qk_norm=False, target="input", tie_head=True, head_bias=False),
+    # AO-GPT: adaLN on a 128-wide target table, RMSNorm, QK-norm, untied head with bias.
+    "aogpt": dict(norm="rmsnorm", qk_norm=True, target="adaln", tie_head=False, head_bias=True),
+    # Encoder-only MDM (MDLM/RADD style): bidirectional, [MASK] slots, no time input.
+    "encoder-mdm": dict(norm="layernorm", qk_norm=False, target="none", tie_head=True, head_bias=False),
+}
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 16  # sequences per micro-batch (per process)
+    grad_accum: int = 1
+    global_batch_tokens: int = 0  # if > 0: grad_accum is derived from it (and the world size)
+    max_steps: int = 1000
+    max_minutes: float = 0.0  # if > 0: stop after this much training time (a checkpoint is written)
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 50
+    weight_decay: float = 0.05
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    ema_decay: float = 0.999
+    ema_warmup: bool = True  # decay min(ema_decay, (1+u)/(10+u)) after u updates, as the reference
+    order: str = "mixture"  # see aogpt.orders
+    eval_interval: int = 100
+    eval_batches: int = 8
+    eval_orders_seed: int = 1234
+    log_interval: int = 10
+    ckpt_interval: int = 500
+    keep_last: int = 2
+    seed: int = 1337
+    device: str = "auto"
+    dtype: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    compile: bool = False
+    fsdp: bool = False
+    init_from: str = ""  # a checkpoint directory to start from (weights only)
+    extra: dict[str, Any] = field(default_factory=dict)  # free-form notes saved with the run
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise AOGPTError(f"unknown {name} {value!r}", f"choose one of: {', '.join(choices)}")
+
+
+# Named presets: model sizes and the training recipe that goes with them.
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "tiny": {
+        "model": dict(n_layer=2, n_head=2, n_embd=32, block_size=32, target_dim=16),
+        "train": dict(batch_size=8, max_steps=50, lr=3e-3, min_lr=3e-4, warmup_steps=5, eval_interval=25,
+                      eval_batches=2, log_interval=5, ckpt_interval=25, ema_decay=0.99),
+    },
+    "cpu-small": {
+        "model": dict(n_layer=4, n_head=4, n_embd=256, block_size=128, target_dim=128),
+        "train": dict(batch_size=16, max_steps=2000, max_minutes=7.0, lr=1.5e-3, min_lr=1.5e-4,
+                      warmup_steps=100, eval_interval=200, eval_batches=8, log_interval=10,
+                      ckpt_interval=500, ema_decay=0.998),
+    },
+    "gpt2-small": {
+        "model": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304, target_dim=128),
+        "train": dict(batch_size=32, global_batch_tokens=524288, max_steps=600000, lr=6e-4, min_lr=6e-5,
+                      warmup_steps=2000, weight_decay=0.05, ema_decay=0.9999, eval_interval=2000,
+                      eval_batches=50, ckpt_interval=2000, log_interval=10),
+    },
+    "gpt2-medium": {
+        "model": dict(n_layer=24, n_head=16, n_embd=1024, block_size=1024, vocab_size=50304, target_dim=128),
+        "train": dict(batch_size=16, global_batch_tokens=524288, max_steps=600000, lr=3e-4, min_lr=3e-5,
+                      warmup_steps=2000, weight_decay=0.05, ema_decay=0.9999, eval_interval=2000,
+                      eval_batches=50, ckpt_interval=2000, log_interval=10),
+    },
+}
+
+# The order distribution each variant trains with unless told otherwise.
+DEFAULT_ORDER = {"gpt": "l2r", "sigma": "uniform", "aogpt": "mixture", "encoder-mdm": "uniform"}
+
+
+def model_config(variant: str = "aogpt", preset: str | None = None, **overrides: Any) -> ModelConfig:
+    """The model config for a variant at a preset size, with field overrides applied last."""
+    _check_choice("variant", variant, VARIANTS)
+    fields: dict[str, Any] = {}
+    if preset is not None:
+        fields.update(get_preset(preset)["model"])
+    fields.update(VARIANT_DEFAULTS[variant])
+    fields.update(overrides)
+    return apply_overrides(ModelConfig(variant=variant), fields, where="model config").validate()
+
+
+def train_config(preset: str | None = None, variant: str = "aogpt", **overrides: Any) -> TrainConfig:
+    fields: dict[str, Any] = {"order": DEFAULT_ORDER[variant]}
+    if preset is not None:
+        fields.update(get_preset(preset)["train"])
+    fields.update(overrides)
+    return apply_overrides(TrainConfig(), fields, where="train config")
+
+
+def get_preset(name: str) -> dict[str, dict[str, Any]]:
+    if name not in PRESETS:
+        raise AOGPTError(f"unknown preset {name!r}", f"choose one of: {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+def apply_overrides(obj: Any, values: dict[str, Any], where: str) -> Any:
+    """Return a copy of dataclass `obj` with `values` set, checking names and types."""
+    hints = typing.get_type_hints(type(obj))
+    names = {f.name for f in dataclasses.fields(obj)}
+    checked = {}
+    for key, value in values.items():
+        if key not in names:
+            raise AOGPTError(f"unknown key {key!r} in {where}", f"valid keys: {', '.join(sorted(names))}")
+        checked[key] = _coerce(key, value, hints[key], where)
+    return dataclasses.replace(obj, **checked)
+
+
+def _coerce(key: str, value: Any, hint: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):  # only `X | None` style hints occur here
+        hint = next(h for h in typing.get_args(hint) if h is not type(None))
+        origin = typing.get_origin(hint)
+    target = origin or hint
+    if target is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if target is bool and not isinstance(value, bool) or target is not bool and isinstance(value, bool):
+        raise AOGPTError(f"{where}: {key} must be {getattr(target, '__name__', target)}, got {value!r}",
+                         "fix its type")
+    if not isinstance(value, target):
+        raise AOGPTError(f"{where}: {key} must be {getattr(target, '__name__', target)}, got {value!r}",
+                         "fix its type")
+    return value
+
+
+def parse_cli_value(text: str) -> Any:
+    """A `--set key=value` value: JSON if it parses (numbers, true/false, lists), else a string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def load_config_file(path: Path) -> dict[str, dict[str, Any]]:
+    """Read overrides from a JSON or TOML file with optional `model` and `train` sections.
+
+    Keys outside those sections are an error, so a misspelt section is not silently ignored.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise AOGPTError(f"config file {path} not found", "check the path")
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise AOGPTError(f"config file {path} does not parse: {exc}", "fix its syntax") from None
+    if not isinstance(data, dict):
+        raise AOGPTError(f"config file {path} must hold a table/object", "wrap keys in {...}")
+    unknown = set(data) - {"model", "train", "preset", "variant"}
+    if unknown:
+        raise AOGPTError(f"config file {path}: unknown section(s) {sorted(unknown)}",
+                         "use sections model and train (and keys preset, variant)")
+    for section in ("model", "train"):
+        if not isinstance(data.get(section, {}), dict):
+            raise AOGPTError(f"config file {path}: {section} must be a table", "fix the file")
+    return data
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    return dataclasses.asdict(obj)
+
+
+def model_config_from_dict(data: dict[str, Any]) -> ModelConfig:
+    return apply_overrides(ModelConfig(), data, where="model config").validate()

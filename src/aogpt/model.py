@@ -1,0 +1,321 @@
+"""The transformer behind every variant: GPT, sigma-GPT, AO-GPT and the encoder-only MDM.
+
+One class, one forward pass (`forward_slots`); the variant only decides how the *target position*
+enters (see `config.TARGET_INJECTIONS`) and whether attention is causal.
+
+Slot layout of the decoder for a sequence x of length n read in order sigma (DESIGN.md section 1):
+
+    slot        0          1            ...  n-1                 (n: only for generation)
+    content     [None]     x[s0]             x[s(n-2)]           x[s(n-1)]
+    position    0          s0 + 1            s(n-2) + 1          s(n-1) + 1
+    target      s0         s1                s(n-1)              none
+
+so slot i predicts the token at original position ``order[:, i]`` from the tokens before it in the
+order. A token id < 0 marks a slot without content: the decoder's `[None]` start slot and the
+encoder's `[MASK]` slots share the learned `wnonee` embedding. A target equal to ``block_size``
+means "no target" and embeds to zeros, as in the reference code.
+
+Parameter names and order follow the paper's reference code, so its released checkpoints load as
+they are (`aogpt.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aogpt.config import ModelConfig
+from aogpt.errors import AOGPTError
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def make_norm(cfg: ModelConfig, dim: int) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return RMSNorm(dim, cfg.norm_eps)
+    return nn.LayerNorm(dim, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return torch.addcmul(shift, x, 1 + scale)
+
+
+def embed_target(table: nn.Embedding, target: torch.Tensor) -> torch.Tensor:
+    """Look up target positions; the sentinel ``len(table)`` ("no target") gives zeros."""
+    return F.embedding(target, F.pad(table.weight, (0, 0, 0, 1)))
+
+
+class KVCache:
+    """Static key/value buffers for every layer, preallocated once (gpt-fast style).
+
+    Before each forward the caller sets `write_index` (where this forward's new keys go: an int
+    start column shared by the batch, or a LongTensor (B, S) of columns) and `span` (how many
+    leading columns the forward attends over, with the mask it passes). Nothing is ever
+    concatenated or copied as the cache grows.
+    """
+
+    def __init__(self, cfg: ModelConfig, batch: int, capacity: int, device: torch.device | str,
+                 dtype: torch.dtype):
+        shape = (cfg.n_layer, batch, cfg.n_head, capacity, cfg.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.capacity = capacity
+        self.write_index: int | torch.Tensor = 0
+        self.span = 0
+        self._rows = torch.arange(batch, device=device)[:, None]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        kc, vc = self.k[layer], self.v[layer]
+        if isinstance(self.write_index, int):
+            end = self.write_index + k.shape[2]
+            kc[:, :, self.write_index:end] = k
+            vc[:, :, self.write_index:end] = v
+        else:  # per-sequence columns: kc[b, :, write_index[b, s]] = k[b, :, s]
+            kc[self._rows, :, self.write_index] = k.transpose(1, 2)
+            vc[self._rows, :, self.write_index] = v.transpose(1, 2)
+        return kc[:, :, : self.span], vc[:, :, : self.span]
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        d = cfg.n_embd
+        self.c_attn = nn.Linear(d, 3 * d, bias=cfg.bias)
+        self.c_proj = nn.Linear(d, d, bias=cfg.bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+        self.qk_norm = cfg.qk_norm
+        self.n_head = cfg.n_head
+        self.causal = cfg.causal
+        self.dropout = cfg.dropout
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.layer_idx = layer_idx
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, cache: KVCache | None) -> torch.Tensor:
+        B, S, d = x.shape
+        q, k, v = (t.view(B, S, self.n_head, -1).transpose(1, 2) for t in self.c_attn(x).split(d, dim=2))
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0,
+            is_causal=self.causal and attn_mask is None and cache is None,
+        )
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, S, d)))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block. `cond` is the block's target information: the adaLN modulation
+    (shift/scale/gate for attention and MLP) for AO-GPT, an embedding added to the block input for
+    the every-block / per-block injections, or None."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.ln_1 = make_norm(cfg, cfg.n_embd)
+        self.attn = SelfAttention(cfg, layer_idx)
+        self.ln_2 = make_norm(cfg, cfg.n_embd)
+        self.mlp = MLP(cfg)
+        self.adaptive = cfg.target == "adaln"
+        if self.adaptive:
+            self.adaLN = nn.Sequential(nn.SiLU(), nn.Linear(cfg.target_dim, 6 * cfg.n_embd))
+        if cfg.target == "per-block":
+            self.wtpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor | None, attn_mask: torch.Tensor | None,
+                cache: KVCache | None) -> torch.Tensor:
+        if not self.adaptive:
+            if cond is not None:
+                x = x + cond
+            x = x + self.attn(self.ln_1(x), attn_mask, cache)
+            return x + self.mlp(self.ln_2(x))
+        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = cond.chunk(6, dim=-1)
+        x = x + gate_a * self.attn(modulate(self.ln_1(x), shift_a, scale_a), attn_mask, cache)
+        return x + gate_m * self.mlp(modulate(self.ln_2(x), shift_m, scale_m))
+
+
+class FinalLayer(nn.Module):
+    """AO-GPT's output norm: RMSNorm modulated (shift, scale) by the target position."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln_f = make_norm(cfg, cfg.n_embd)
+        self.adaLN_final = nn.Sequential(nn.SiLU(), nn.Linear(cfg.target_dim, 2 * cfg.n_embd))
+
+    def forward(self, x: torch.Tensor, mod: torch.Tensor) -> torch.Tensor:
+        shift, scale = mod.chunk(2, dim=-1)
+        return modulate(self.ln_f(x), shift, scale)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        cfg.validate()
+        self.config = cfg
+        d, concat = cfg.n_embd, cfg.target == "input-concat"
+        parts: dict[str, nn.Module] = {
+            "wte": nn.Embedding(cfg.vocab_size, d),
+            "wpe": nn.Embedding(cfg.block_size + 1, d // 2 if concat else d),
+        }
+        if cfg.target in ("input", "every-block", "input-concat"):
+            parts["wtpe"] = nn.Embedding(cfg.block_size, d // 2 if concat else d)
+        elif cfg.target == "adaln":
+            parts["wtpe"] = nn.Embedding(cfg.block_size, cfg.target_dim)
+        parts["wnonee"] = nn.Embedding(1, d)
+        parts["drop"] = nn.Dropout(cfg.dropout)
+        parts["h"] = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
+        if cfg.target == "adaln":
+            parts["final_layer"] = FinalLayer(cfg)
+        else:
+            parts["ln_f"] = make_norm(cfg, d)
+        self.transformer = nn.ModuleDict(parts)
+        self.lm_head = nn.Linear(d, cfg.vocab_size, bias=cfg.head_bias)
+        if cfg.tie_head:
+            self.lm_head.weight = self.transformer.wte.weight
+        self.reset_parameters()
+
+    # ------------------------------------------------------------------ setup
+    def reset_parameters(self) -> None:
+        """GPT-2 initialisation; residual projections scaled by 1/sqrt(2 * n_layer); adaLN-Zero."""
+        std = 0.02
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif p.dim() == 1:  # norm weights
+                nn.init.ones_(p)
+            elif "adaLN" in name:
+                nn.init.zeros_(p)  # every block starts as the identity, the head as plain RMSNorm
+            elif name.endswith("c_proj.weight"):
+                nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.config.n_layer))
+            else:
+                nn.init.normal_(p, 0.0, std)
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    # ------------------------------------------------------------------ forward
+    def embed(self, tokens: torch.Tensor, pos: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
+        tr = self.transformer
+        tok = tr.wte(tokens.clamp(min=0))
+        tok = torch.where((tokens < 0).unsqueeze(-1), tr.wnonee.weight, tok)
+        if self.config.target == "input-concat":
+            return tok + torch.cat([tr.wpe(pos), embed_target(tr.wtpe, target)], dim=-1)
+        x = tok + tr.wpe(pos)
+        if self.config.target == "input":
+            x = x + embed_target(tr.wtpe, target)
+        return x
+
+    def _adaptive(self, layer: nn.Module, target: torch.Tensor) -> torch.Tensor:
+        """adaLN(wtpe[target]). It depends on the target position only, so with more slots than
+        positions it is computed once per position and gathered (much cheaper in training)."""
+        table = F.pad(self.transformer.wtpe.weight, (0, 0, 0, 1))  # + the zero "no target" row
+        if target.numel() > table.shape[0]:
+            return F.embedding(target, layer(table))
+        return layer(F.embedding(target, table))
+
+    def _block_conditions(self, target: torch.Tensor | None) -> list[torch.Tensor | None]:
+        kind, blocks = self.config.target, self.transformer.h
+        if kind == "adaln":
+            return [self._adaptive(b.adaLN, target) for b in blocks]
+        if kind == "every-block":
+            shared = embed_target(self.transformer.wtpe, target)
+            return [shared] * len(blocks)
+        if kind == "per-block":
+            return [embed_target(b.wtpe, target) for b in blocks]
+        return [None] * len(blocks)
+
+    def forward_slots(self, tokens: torch.Tensor, pos: torch.Tensor, target: torch.Tensor | None = None, *,
+                      attn_mask: torch.Tensor | None = None, cache: KVCache | None = None,
+                      select: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits for arbitrary slots: the one forward pass every caller goes through.
+
+        tokens, pos, target: (B, S) slot contents (< 0: no content), original positions (0 = start),
+        target positions (``block_size``: none). attn_mask: bool (B, 1, S, span), True = may attend;
+        None means causal (decoder) or full (encoder) attention over these slots. cache: the static
+        KV cache to write this forward's keys into and attend over. select: (B, R) slot indices
+        whose logits are wanted (the head is the costliest layer of a small model).
+        """
+        if target is None:
+            target = torch.full_like(pos, self.config.block_size)
+        x = self.transformer.drop(self.embed(tokens, pos, target))
+        for block, cond in zip(self.transformer.h, self._block_conditions(target), strict=True):
+            x = block(x, cond, attn_mask, cache)
+        if select is not None:
+            x = x.gather(1, select.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+            target = target.gather(1, select)
+        if self.config.target == "adaln":
+            final = self.transformer.final_layer
+            x = final(x, self._adaptive(final.adaLN_final, target))
+        else:
+            x = self.transformer.ln_f(x)
+        return self.lm_head(x)
+
+    def slots_for_order(self, idx: torch.Tensor, order: torch.Tensor, with_last_slot: bool = False
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The (tokens, pos, target) slots of the decoder reading `idx` in `order` (layout above)."""
+        B, n = idx.shape
+        start = torch.full((B, 1), -1, dtype=idx.dtype, device=idx.device)
+        zero = torch.zeros((B, 1), dtype=order.dtype, device=order.device)
+        none = torch.full((B, 1), self.config.block_size, dtype=order.dtype, device=order.device)
+        tokens = torch.cat([start, idx.gather(1, order)], dim=1)
+        pos = torch.cat([zero, order + 1], dim=1)
+        target = torch.cat([order, none], dim=1)
+        if not with_last_slot:
+            tokens, pos, target = tokens[:, :n], pos[:, :n], target[:, :n]
+        return tokens, pos, target
+
+    def forward(self, idx: torch.Tensor, order: torch.Tensor | None = None, *, with_last_slot: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Read `idx` (B, n) in `order` (B, n; default left to right) in one causal pass.
+
+        Returns logits (B, n, V), row i predicting the token at ``order[:, i]`` from the tokens at
+        ``order[:, :i]`` (plus the target-less last slot if `with_last_slot`), and the per-step
+        losses (B, n) = -log p(x[order[:, i]] | ...), in float32. Their sum over i is the exact
+        negative log-likelihood of the sequence under this order.
+        """
+        cfg = self.config
+        if not cfg.causal:
+            raise AOGPTError("the encoder-only MDM has no order-wise forward", "use aogpt.encoder")
+        B, n = idx.shape
+        if n > cfg.block_size:
+            raise AOGPTError(f"sequence length {n} exceeds the model's block size {cfg.block_size}",
+                             "use shorter windows")
+        if order is None:
+            order = torch.arange(n, device=idx.device).expand(B, n)
+        elif cfg.target == "none" and not bool((order == torch.arange(n, device=order.device)).all()):
+            raise AOGPTError(f"variant {cfg.variant} reads left to right only", "use order l2r")
+        logits = self.forward_slots(*self.slots_for_order(idx, order, with_last_slot))
+        logits_n = logits[:, :n].to(torch.promote_types(logits.dtype, torch.float32))  # fp32 under bf16
+        losses = F.cross_entropy(logits_n.flatten(0, 1), idx.gather(1, order).flatten(), reduction="none")
+        return logits, losses.view(B, n)
+
+    def new_cache(self, batch: int, capacity: int | None = None) -> KVCache:
+        p = next(self.parameters())
+        return KVCache(self.config, batch, capacity or self.config.block_size + 2, p.device, p.dtype)

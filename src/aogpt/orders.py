@@ -1,0 +1,153 @@
+"""Order distributions: which permutation of positions each training sequence is read in.
+
+An order is a LongTensor (B, n) whose row b lists the original positions in the order they are
+generated: ``order[b, i]`` is the position predicted at step i. Every sampler draws the whole batch
+at once on the batch's device (no Python loop per sequence).
+
+Specs (``make_order_sampler``):
+
+- ``l2r``: the identity (left-to-right GPT).
+- ``uniform``: uniform over all n! permutations (the any-order / masked-diffusion objective).
+- ``mixture[:P]``: each sequence is left to right with probability P (default 0.1), else uniform
+  (the AO-GPT recipe).
+- ``fixed-random[:SEED]``: one permutation drawn from SEED (default 0) and kept for the whole run.
+- ``blockwise[:K[:SEED]]``: blocks of K positions (default 4) left to right, and inside every block
+  one fixed non-identity permutation (K = 4 without SEED uses the paper's 0->2->3->1). A last,
+  shorter block uses the same permutation restricted to its positions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from aogpt.errors import AOGPTError
+
+ORDER_SPECS = ("l2r", "uniform", "mixture[:P]", "fixed-random[:SEED]", "blockwise[:K[:SEED]]")
+
+
+class OrderSampler:
+    """Draws a batch of orders; subclasses define `sample`."""
+
+    spec: str = ""
+    is_fixed: bool = False  # the same order every time (l2r, fixed-random, blockwise)
+
+    def sample(self, batch: int, n: int, device: torch.device | str = "cpu",
+               generator: torch.Generator | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"OrderSampler({self.spec!r})"
+
+
+def identity(batch: int, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    return torch.arange(n, device=device).expand(batch, n)
+
+
+def uniform(batch: int, n: int, device: torch.device | str = "cpu",
+            generator: torch.Generator | None = None) -> torch.Tensor:
+    """Uniform random permutations: argsort of i.i.d. uniforms (ties have probability ~0)."""
+    return torch.rand(batch, n, device=device, generator=generator).argsort(dim=1)
+
+
+class LeftToRight(OrderSampler):
+    spec = "l2r"
+    is_fixed = True
+
+    def sample(self, batch, n, device="cpu", generator=None):
+        return identity(batch, n, device)
+
+
+class Uniform(OrderSampler):
+    spec = "uniform"
+
+    def sample(self, batch, n, device="cpu", generator=None):
+        return uniform(batch, n, device, generator)
+
+
+class Mixture(OrderSampler):
+    def __init__(self, p_l2r: float = 0.1):
+        if not 0.0 <= p_l2r <= 1.0:
+            raise AOGPTError(f"mixture probability {p_l2r} is outside [0, 1]", "use e.g. mixture:0.1")
+        self.p_l2r = p_l2r
+        self.spec = f"mixture:{p_l2r:g}"
+
+    def sample(self, batch, n, device="cpu", generator=None):
+        perm = uniform(batch, n, device, generator)
+        l2r = torch.rand(batch, 1, device=device, generator=generator) < self.p_l2r
+        return torch.where(l2r, identity(batch, n, device), perm)
+
+
+class Fixed(OrderSampler):
+    """One permutation per length, computed once and repeated for every sequence and step."""
+
+    is_fixed = True
+
+    def __init__(self, spec: str, make):
+        self.spec = spec
+        self._make = make
+        self._cache: dict[int, torch.Tensor] = {}
+
+    def permutation(self, n: int) -> torch.Tensor:
+        if n not in self._cache:
+            self._cache[n] = self._make(n)
+        return self._cache[n]
+
+    def sample(self, batch, n, device="cpu", generator=None):
+        return self.permutation(n).to(device).expand(batch, n)
+
+
+def _seeded_permutation(n: int, seed: int) -> torch.Tensor:
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+
+
+def block_permutation(k: int, seed: int | None) -> torch.Tensor:
+    """The fixed non-identity permutation used inside every block of size k."""
+    if k < 2:
+        raise AOGPTError(f"blockwise block size {k} is too small", "use K >= 2, e.g. blockwise:4")
+    if seed is None and k == 4:
+        return torch.tensor([0, 2, 3, 1])  # the paper's example: 0 -> 2 -> 3 -> 1
+    seed = 0 if seed is None else seed
+    while True:  # redraw until it differs from the identity
+        perm = _seeded_permutation(k, seed)
+        if not torch.equal(perm, torch.arange(k)):
+            return perm
+        seed += 1
+
+
+def blockwise_order(n: int, k: int, seed: int | None = None) -> torch.Tensor:
+    inner = block_permutation(k, seed)
+    parts = []
+    for start in range(0, n, k):
+        size = min(k, n - start)
+        parts.append(start + inner[inner < size])
+    return torch.cat(parts)
+
+
+def make_order_sampler(spec: str) -> OrderSampler:
+    """Parse an order spec (see the module docstring) into a sampler."""
+    name, _, rest = spec.partition(":")
+    args = rest.split(":") if rest else []
+    try:
+        if name == "l2r" and not args:
+            return LeftToRight()
+        if name == "uniform" and not args:
+            return Uniform()
+        if name == "mixture" and len(args) <= 1:
+            return Mixture(float(args[0]) if args else 0.1)
+        if name == "fixed-random" and len(args) <= 1:
+            seed = int(args[0]) if args else 0
+            return Fixed(f"fixed-random:{seed}", lambda n: _seeded_permutation(n, seed))
+        if name == "blockwise" and len(args) <= 2:
+            k = int(args[0]) if args else 4
+            seed = int(args[1]) if len(args) > 1 else None
+            block_permutation(k, seed)  # validate now, not at the first batch
+            label = f"blockwise:{k}" + (f":{seed}" if seed is not None else "")
+            return Fixed(label, lambda n: blockwise_order(n, k, seed))
+    except ValueError:
+        pass
+    raise AOGPTError(f"unknown order spec {spec!r}", f"use one of: {', '.join(ORDER_SPECS)}")
+
+
+def is_permutation(order: torch.Tensor) -> bool:
+    n = order.shape[-1]
+    return bool((order.sort(dim=-1).values == torch.arange(n, device=order.device)).all())
