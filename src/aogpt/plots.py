@@ -1,0 +1,64 @@
+"""PNG plots (matplotlib, headless). Plotting never breaks a run: failures become a warning."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+
+def _pyplot():
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    if Path(path).is_file():
+        for line in Path(path).read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                rows.append(json.loads(line))
+    return rows
+
+
+def plot_loss_curves(metrics_path: Path, out_png: Path, title: str = "") -> Path | None:
+    """Training loss and the validation losses (left-to-right and any-order, raw and EMA)."""
+    rows = read_jsonl(metrics_path)
+    train = [(r["step"], r["loss"]) for r in rows if r.get("kind") == "train"]
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    if not train and not evals:
+        return None
+    try:
+        plt = _pyplot()
+        fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+        if train:
+            ax.plot(*zip(*train, strict=True), lw=0.8, alpha=0.6, color="0.5", label="train (sampled orders)")
+        styles = {"l2r": "-", "any": "--"}
+        colors = {"raw": "tab:blue", "ema": "tab:red"}
+        keys = sorted({k for r in evals for k in r if k.startswith("val/")})
+        for key in keys:
+            _, kind, weights = key.split("/")
+            pts = [(r["step"], r[key]) for r in evals if key in r]
+            ax.plot(*zip(*pts, strict=True), styles.get(kind, ":"), marker="o", ms=3, color=colors.get(weights),
+                    label=f"val {'left-to-right' if kind == 'l2r' else 'any-order'} ({weights})")
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss (nats / token)")
+        ax.set_title(title or "loss")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        tmp = Path(out_png).with_suffix(".tmp.png")
+        fig.savefig(tmp)
+        plt.close(fig)
+        os.replace(tmp, out_png)
+        return Path(out_png)
+    except Exception as exc:  # noqa: BLE001 - a plot must never kill a training run
+        warnings.warn(f"could not write plot {out_png}: {exc}", stacklevel=2)
+        return None
