@@ -54,7 +54,7 @@ GPT2_FILES = {
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 GPT2_EOT = 50256
 
-_SPEC_HELP = "use gpt2, bytes or bpe:N with 258 <= N <= 1000000 (e.g. bpe:4096)"
+_SPEC_HELP = "use gpt2, bytes or bpe:N with 258 <= N <= 1000000, e.g. bpe:4096"
 
 
 def pad_vocab_size(n: int, multiple: int = VOCAB_MULTIPLE) -> int:

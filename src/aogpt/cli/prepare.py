@@ -1,0 +1,100 @@
+"""`aogpt prepare`: tokenize a corpus into memory-mapped train/val token files."""
+
+from __future__ import annotations
+
+import argparse
+
+from aogpt.cli.common import add_common, emit_json
+
+DESCRIPTION = """\
+Tokenize a corpus into DIR/train.bin and DIR/val.bin (flat token ids, uint16 or uint32), DIR/meta.json
+and, for bpe:N, the trained DIR/tokenizer.json. Every document is followed by one EOT token. The
+directory is written to a temporary name and renamed, so a failed run keeps an older good one.
+
+corpora:  shakespeare (default; 38 plays, Hamlet/The Tempest/Julius Caesar held out)
+          wiki-excerpt (106 Wikipedia articles from gensim's test data)
+          PATH: a .txt file (one document; see --txt-docs), a .jsonl file (one document per line,
+          see --text-field) or a directory of them (recursive, sorted); UTF-8 only
+          hf:NAME[:CONFIG], openwebtext, wikitext-103-raw-v1, wikitext-2-raw-v1 (need `datasets`
+          and network access)
+tokenizers: bpe:N (byte-level BPE with N ids trained on the train split), gpt2, bytes
+"""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "prepare",
+        help="tokenize a corpus into memory-mapped token files",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--corpus", default="shakespeare", metavar="NAME|PATH", help="what to tokenize (default shakespeare)"
+    )
+    p.add_argument("--tokenizer", default=None, metavar="SPEC", help="gpt2, bytes or bpe:N (default bpe:4096)")
+    p.add_argument("--out", default=None, metavar="DIR", help="output directory (default data/<corpus>-<tokenizer>)")
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=None,
+        metavar="F",
+        help="fraction of documents held out, for corpora without a validation split (default 0.05)",
+    )
+    p.add_argument(
+        "--max-docs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="read at most N documents (per defined split, else before splitting)",
+    )
+    p.add_argument("--text-field", default="text", metavar="NAME", help="text field of .jsonl / HF rows (default text)")
+    p.add_argument(
+        "--txt-docs",
+        choices=("file", "blank-lines"),
+        default="file",
+        help="text files: one document per file (default) or per blank-line-separated block",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_common(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from aogpt.data import default_out_dir, prepare
+    from aogpt.tokenizer import DEFAULT_TOKENIZER, normalize_spec
+
+    spec = normalize_spec(args.tokenizer or DEFAULT_TOKENIZER)
+    out = args.out or default_out_dir(args.corpus, spec)
+    meta = prepare(
+        args.corpus,
+        spec,
+        out,
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        progress=not args.no_progress,
+        max_docs=args.max_docs,
+        text_field=args.text_field,
+        txt_docs=args.txt_docs,
+    )
+    splits = meta["splits"]
+    print(f"wrote {out} in {meta['seconds']:.1f} s: {meta['tokenizer']} (vocab {meta['vocab_size']}, {meta['dtype']})")
+    for name, info in splits.items():
+        print(f"  {name:5s} {info['tokens']:>12,} tokens  {info['documents']:>9,} documents")
+    if args.json:
+        emit_json(
+            {
+                "command": "prepare",
+                "out": str(out),
+                "corpus": meta["corpus"],
+                "tokenizer": meta["tokenizer"],
+                "vocab_size": meta["vocab_size"],
+                "padded_vocab_size": meta["padded_vocab_size"],
+                "dtype": meta["dtype"],
+                "train_tokens": splits["train"]["tokens"],
+                "val_tokens": splits["val"]["tokens"],
+                "train_documents": splits["train"]["documents"],
+                "val_documents": splits["val"]["documents"],
+                "seconds": round(meta["seconds"], 3),
+            }
+        )
+    return 0
