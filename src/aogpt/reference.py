@@ -1,0 +1,586 @@
+"""The paper's released checkpoints: read (and write) the reference implementation's ``.pt`` format.
+
+The authors released AO-GPT and sigma-GPT checkpoints as nanoGPT-style dictionaries::
+
+    {"model": state dict (raw weights), "ema_model": {"decay", "num_updates", "shadow_params"},
+     "ema_rate", "optimizer", "model_args": {n_layer, n_head, n_embd, block_size, bias, vocab_size,
+     dropout}, "iter_num", "config": training-script globals}
+
+Our `Transformer` uses the reference's parameter names and `parameters()` order, so a conversion is a
+renaming-free copy, but every step is checked: the file is read with ``weights_only=True``, the
+architecture is detected from the keys, the config is derived from the tensor shapes (and
+cross-checked against ``model_args``), and every key and shape is compared with the model that
+config builds, naming each mismatch. ``shadow_params`` (the EMA weights) is an unnamed list in
+``parameters()`` order: one entry per *distinct* parameter, so sigma-GPT's tied head appears once,
+at the ``wte`` position.
+
+`read_reference` parses a file; `load_reference` gives a ready model; `import_reference` writes one
+of our checkpoint directories; `export_reference` writes our checkpoints back in the reference format
+(``import(export(x)) == x`` tensor for tensor). docs/checkpoints.md describes the commands.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aogpt.checkpoint import (
+    FORMAT,
+    find_checkpoint,
+    read_config,
+    read_weights,
+    save_checkpoint,
+    weights_of,
+)
+from aogpt.config import VARIANT_DEFAULTS, ModelConfig, model_config, model_config_from_dict, to_dict
+from aogpt.errors import AOGPTError
+from aogpt.io import atomic_write_bytes, ensure_writable_dir
+from aogpt.model import Transformer
+
+COMPILED_PREFIX = "_orig_mod."
+NORM_EPS = 1e-5  # RMSNorm / LayerNorm epsilon of the reference code
+MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")
+PAPER_EMA_DECAY = 0.9999
+GPT2_VOCABS = (50257, 50304)  # GPT-2's vocabulary, and nanoGPT's padded one
+# nanoGPT's causal-mask buffers (saved by its non-flash attention path): not weights, dropped.
+_MASK_BUFFER = re.compile(r"^transformer\.h\.\d+\.attn\.(masked_)?bias$")
+ARCH_NAMES = {"aogpt": "AO-GPT", "sigma": "sigma-GPT"}
+
+
+@dataclass
+class ReferenceCheckpoint:
+    """A parsed reference checkpoint: the raw state dict, the EMA (if any) and the derived config."""
+
+    path: Path
+    variant: str  # "aogpt" or "sigma"
+    config: ModelConfig
+    state: dict[str, torch.Tensor]  # raw weights, `_orig_mod.` stripped, mask buffers dropped
+    ema: dict[str, torch.Tensor] | None  # EMA weights by parameter name (tied head: once, as wte)
+    ema_decay: float | None = None
+    ema_num_updates: int | None = None
+    iter_num: int = 0
+    model_args: dict[str, Any] = field(default_factory=dict)
+    extra_config: dict[str, Any] = field(default_factory=dict)  # the training script's globals
+    ignored_keys: list[str] = field(default_factory=list)
+
+    def weights(self, which: str) -> dict[str, torch.Tensor]:
+        """The full state dict for `which` ("ema" or "raw"); EMA entries override the raw ones."""
+        _check_weights(which, ("ema", "raw"))
+        if which == "ema" and self.ema is None:
+            raise AOGPTError(f"{self.path} has no EMA weights (no `ema_model` entry)", "pass --weights raw")
+        state = {**self.state, **self.ema} if which == "ema" else dict(self.state)
+        if self.config.tie_head:  # the head is wte (the EMA lists it once, at the wte position)
+            state["lm_head.weight"] = state["transformer.wte.weight"]
+        return state
+
+
+# ---------------------------------------------------------------------------------------------- reading
+def _check_weights(which: str, choices: tuple[str, ...]) -> None:
+    if which not in choices:
+        raise AOGPTError(f"unknown weights {which!r}", f"choose one of: {', '.join(choices)}")
+
+
+def _torch_load(path: Path) -> Any:
+    """`torch.load` with ``weights_only=True``, every failure turned into a user error."""
+    if not path.exists():
+        raise AOGPTError(f"{path} does not exist", "check the path")
+    if not path.is_file():
+        raise AOGPTError(f"{path} is not a file", "pass the reference checkpoint's .pt file")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:  # raised both for non-pickles and for refused objects
+        text = str(exc)
+        if "Weights only load failed" in text:
+            detail = next((ln.strip() for ln in text.splitlines() if "Unsupported global" in ln), "")
+            raise AOGPTError(
+                f"{path} holds pickled objects other than tensors and plain containers"
+                + (f" ({detail.rstrip('.')})" if detail else ""),
+                "refused for safety (weights_only); re-save the checkpoint with tensors, dicts, lists and numbers only",
+            ) from None
+        raise AOGPTError(
+            f"{path} is not a PyTorch checkpoint ({text.splitlines()[0] if text else 'unpickling'})",
+            "pass the reference checkpoint's .pt file",
+        ) from None
+    except Exception as exc:  # torch raises RuntimeError/EOFError/ValueError... for foreign files
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise AOGPTError(
+            f"{path} is not a readable PyTorch checkpoint ({first})",
+            "pass the reference checkpoint's .pt file; it may be truncated",
+        ) from None
+
+
+def _strip_prefix(key: str) -> str:
+    while key.startswith(COMPILED_PREFIX):
+        key = key[len(COMPILED_PREFIX) :]
+    return key
+
+
+def _clean_state(raw: Any, path: Path) -> tuple[dict[str, torch.Tensor], list[str]]:
+    if not isinstance(raw, dict) or not raw:
+        raise AOGPTError(f"{path}: `model` is not a non-empty state dict", "pass a reference checkpoint")
+    state, ignored = {}, []
+    for key, value in raw.items():
+        name = _strip_prefix(str(key))
+        if not isinstance(value, torch.Tensor):
+            raise AOGPTError(
+                f"{path}: model entry {name} is a {type(value).__name__}, not a tensor", "pass a reference checkpoint"
+            )
+        if _MASK_BUFFER.match(name) and value.dim() == 4:
+            ignored.append(name)
+            continue
+        if name in state:
+            raise AOGPTError(
+                f"{path}: key {name} appears twice (with and without {COMPILED_PREFIX!r})", "fix the checkpoint"
+            )
+        state[name] = value
+    return state, ignored
+
+
+def detect_architecture(state: dict[str, torch.Tensor]) -> str:
+    """ "aogpt" or "sigma", from the keys (and sigma's input-wide target table)."""
+    keys = set(state)
+    ao_markers = [k for k in keys if k.startswith("transformer.final_layer.") or ".adaLN." in k or ".attn.q_norm." in k]
+    wte, wtpe = state.get("transformer.wte.weight"), state.get("transformer.wtpe.weight")
+    sigma = (
+        "transformer.ln_f.weight" in keys
+        and wte is not None
+        and wtpe is not None
+        and wte.dim() == 2
+        and wtpe.dim() == 2
+        and wtpe.shape[1] == wte.shape[1]
+    )
+    if ao_markers and not sigma:
+        return "aogpt"
+    if sigma and not ao_markers:
+        return "sigma"
+    if ao_markers and sigma:
+        why = "it mixes AO-GPT keys (e.g. " + sorted(ao_markers)[0] + ") with sigma-GPT's transformer.ln_f"
+    elif wtpe is None:
+        why = "it has no target-position table transformer.wtpe.weight (a left-to-right GPT-2?)"
+    elif wte is not None and wtpe.dim() == 2 and wte.dim() == 2:
+        why = f"transformer.wtpe.weight is {wtpe.shape[1]} wide, not n_embd {wte.shape[1]}"
+    else:
+        why = "neither AO-GPT nor sigma-GPT keys were found"
+    raise AOGPTError(
+        f"unknown architecture: {why}",
+        "expected AO-GPT (transformer.final_layer.*, *.adaLN.1.*, attn.q_norm) or sigma-GPT "
+        "(transformer.ln_f.*, an n_embd-wide transformer.wtpe.weight)",
+    )
+
+
+def _dims(state: dict[str, torch.Tensor], key: str, ndim: int) -> tuple[int, ...] | None:
+    t = state.get(key)
+    return tuple(t.shape) if t is not None and t.dim() == ndim else None
+
+
+def reference_config(
+    state: dict[str, torch.Tensor], model_args: dict[str, Any] | None = None, variant: str | None = None
+) -> ModelConfig:
+    """The `ModelConfig` a reference state dict describes: shapes first, `model_args` cross-checked.
+
+    vocab and n_embd come from wte; block_size from wpe (rows - 1) or wtpe; n_layer from the block
+    indices; n_head from q_norm (AO-GPT) or model_args (sigma-GPT); target_dim from wtpe's width.
+    """
+    args = dict(model_args or {})
+    variant = variant or detect_architecture(state)
+    wte = _dims(state, "transformer.wte.weight", 2)
+    if wte is None:
+        raise AOGPTError("missing tensor transformer.wte.weight (or it is not 2-D)", "pass a complete checkpoint")
+    vocab, d = wte
+    wpe, wtpe = _dims(state, "transformer.wpe.weight", 2), _dims(state, "transformer.wtpe.weight", 2)
+    block = wpe[0] - 1 if wpe else wtpe[0] if wtpe else args.get("block_size")
+    layers = {int(m.group(1)) for k in state if (m := re.match(r"transformer\.h\.(\d+)\.", k))}
+    if not layers:
+        raise AOGPTError("no transformer blocks (transformer.h.*) in the state dict", "pass a complete checkpoint")
+    derived: dict[str, Any] = dict(
+        n_layer=max(layers) + 1,
+        n_embd=d,
+        block_size=block,
+        vocab_size=vocab,
+        bias="transformer.h.0.attn.c_attn.bias" in state,
+    )
+    fields: dict[str, Any] = {}
+    q_norm = _dims(state, "transformer.h.0.attn.q_norm.weight", 1)
+    if variant == "aogpt" and q_norm and q_norm[0] and d % q_norm[0] == 0:
+        derived["n_head"] = d // q_norm[0]
+    elif "n_head" in args:
+        derived["n_head"] = args["n_head"]
+    else:
+        raise AOGPTError("cannot tell the number of heads: model_args has no n_head", "add it to model_args")
+    if variant == "aogpt":
+        fields["target_dim"] = wtpe[1] if wtpe else 128
+        fields["head_bias"] = "lm_head.bias" in state
+    for key, value in derived.items():
+        if key in args and args[key] != value:
+            raise AOGPTError(
+                f"model_args says {key}={args[key]!r} but the tensors say {value!r}",
+                "the checkpoint is inconsistent; fix model_args",
+            )
+    if not isinstance(block, int):
+        raise AOGPTError(
+            "cannot tell the block size (no wpe/wtpe, no model_args.block_size)", "pass a complete checkpoint"
+        )
+    return model_config(variant, **derived, **fields, dropout=0.0, norm_eps=NORM_EPS)
+
+
+def reference_incompatibilities(cfg: ModelConfig) -> list[str]:
+    """Why `cfg` is not one of the reference architectures (empty if it is). Sizes are free."""
+    if cfg.variant not in ARCH_NAMES:
+        return [f"variant {cfg.variant} (the reference format holds aogpt and sigma only)"]
+    expected = dict(VARIANT_DEFAULTS[cfg.variant], norm_eps=NORM_EPS)
+    if cfg.variant == "aogpt":
+        expected.pop("head_bias")  # the head's bias shows in the keys; both forms round-trip
+    return [f"{k}={getattr(cfg, k)!r} (the reference uses {v!r})" for k, v in expected.items() if getattr(cfg, k) != v]
+
+
+def check_state(state: dict[str, torch.Tensor], cfg: ModelConfig, where: str) -> None:
+    """Compare every key and shape with the model `cfg` builds; raise naming each mismatch."""
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in Transformer(cfg).state_dict().items()}
+    optional = {"lm_head.weight"} if cfg.tie_head else set()
+    missing = [k for k in expected if k not in state and k not in optional]
+    unexpected = [k for k in state if k not in expected]
+    shapes = [
+        f"{k} {tuple(state[k].shape)} (expected {v})"
+        for k, v in expected.items()
+        if k in state and tuple(state[k].shape) != v
+    ]
+    parts = []
+    for label, items in (("missing", missing), ("unexpected", unexpected), ("wrong shape", shapes)):
+        if items:
+            more = f" and {len(items) - 8} more" if len(items) > 8 else ""
+            parts.append(f"{label}: {', '.join(items[:8])}{more}")
+    if parts:
+        raise AOGPTError(
+            f"{where} does not match {ARCH_NAMES.get(cfg.variant, cfg.variant)} "
+            f"({cfg.n_layer} layers, n_embd {cfg.n_embd}): {'; '.join(parts)}",
+            "the file is incomplete or from another architecture",
+        )
+    if (
+        cfg.tie_head
+        and "lm_head.weight" in state
+        and not torch.equal(state["lm_head.weight"], state["transformer.wte.weight"])
+    ):
+        raise AOGPTError(
+            f"{where}: lm_head.weight differs from transformer.wte.weight, but {ARCH_NAMES[cfg.variant]} ties them",
+            "the file is corrupted",
+        )
+
+
+def parameter_names(cfg: ModelConfig) -> list[str]:
+    """Names of the distinct parameters in `parameters()` order: the order of ``shadow_params``."""
+    with torch.device("meta"):
+        return [name for name, _ in Transformer(cfg).named_parameters()]
+
+
+def _read_ema(entry: Any, cfg: ModelConfig, path: Path) -> tuple[dict[str, torch.Tensor], float | None, int | None]:
+    if not isinstance(entry, dict) or "shadow_params" not in entry:
+        raise AOGPTError(f"{path}: ema_model has no shadow_params list", "pass --weights raw")
+    shadow = entry["shadow_params"]
+    names = parameter_names(cfg)
+    if not isinstance(shadow, list | tuple) or not all(isinstance(t, torch.Tensor) for t in shadow):
+        raise AOGPTError(f"{path}: ema_model.shadow_params is not a list of tensors", "pass --weights raw")
+    if len(shadow) != len(names):
+        raise AOGPTError(
+            f"{path}: ema_model.shadow_params holds {len(shadow)} tensors, but "
+            f"{ARCH_NAMES[cfg.variant]} has {len(names)} parameters",
+            "pass --weights raw",
+        )
+    with torch.device("meta"):
+        shapes = {k: tuple(p.shape) for k, p in Transformer(cfg).named_parameters()}
+    bad = [
+        f"#{i} {name} {tuple(t.shape)} (expected {shapes[name]})"
+        for i, (name, t) in enumerate(zip(names, shadow, strict=True))
+        if tuple(t.shape) != shapes[name]
+    ]
+    if bad:
+        raise AOGPTError(
+            f"{path}: EMA shadow_params have wrong shapes: {', '.join(bad[:8])}",
+            "the EMA does not belong to this model; pass --weights raw",
+        )
+    decay, updates = entry.get("decay"), entry.get("num_updates")
+    return (
+        dict(zip(names, shadow, strict=True)),
+        float(decay) if isinstance(decay, int | float) else None,
+        int(updates) if isinstance(updates, int) else None,
+    )
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe copy of informational metadata (tensors and other objects are dropped)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items() if _is_plain(v)}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value if _is_plain(v)]
+    return value
+
+
+def _is_plain(value: Any) -> bool:
+    if isinstance(value, dict | list | tuple):
+        return True
+    return value is None or isinstance(value, bool | int | float | str)
+
+
+def read_reference(path: str | Path, need_ema: bool = False) -> ReferenceCheckpoint:
+    """Parse and check a reference checkpoint file (without building the model)."""
+    path = Path(path)
+    obj = _torch_load(path)
+    if not isinstance(obj, dict):
+        raise AOGPTError(f"{path} holds a {type(obj).__name__}, not a checkpoint dict", "pass a reference .pt file")
+    if "model" not in obj:
+        keys = ", ".join(map(str, list(obj)[:6])) or "none"
+        raise AOGPTError(
+            f"{path} has no `model` state dict (top-level keys: {keys})",
+            "pass a reference checkpoint (nanoGPT style: model, ema_model, model_args, ...)",
+        )
+    state, ignored = _clean_state(obj["model"], path)
+    args = obj.get("model_args") or {}
+    if not isinstance(args, dict):
+        raise AOGPTError(f"{path}: model_args is a {type(args).__name__}, not a dict", "fix the checkpoint")
+    variant = detect_architecture(state)
+    cfg = reference_config(state, args, variant)
+    check_state(state, cfg, where=str(path))
+    ema, decay, updates = None, None, None
+    if obj.get("ema_model") is not None:
+        ema, decay, updates = _read_ema(obj["ema_model"], cfg, path)
+    elif need_ema:
+        raise AOGPTError(f"{path} has no EMA weights (no `ema_model` entry)", "pass --weights raw")
+    if decay is None and isinstance(obj.get("ema_rate"), int | float):
+        decay = float(obj["ema_rate"])
+    iter_num = obj.get("iter_num", 0)
+    extra = obj.get("config") if isinstance(obj.get("config"), dict) else {}
+    return ReferenceCheckpoint(
+        path=path,
+        variant=variant,
+        config=cfg,
+        state=state,
+        ema=ema,
+        ema_decay=decay,
+        ema_num_updates=updates,
+        iter_num=int(iter_num) if isinstance(iter_num, int) else 0,
+        model_args=_plain(args),
+        extra_config=_plain(extra),
+        ignored_keys=ignored,
+    )
+
+
+def _build(ref: ReferenceCheckpoint, which: str, dtype: torch.dtype = torch.float32) -> Transformer:
+    model = Transformer(ref.config)
+    model.load_state_dict(ref.weights(which), strict=True)
+    return model.to(dtype=dtype).eval()
+
+
+def load_reference(
+    path: str | Path, weights: str = "ema", dtype: torch.dtype = torch.float32
+) -> tuple[Transformer, ModelConfig]:
+    """A reference checkpoint as a ready model (eval mode) and its config; EMA weights by default."""
+    _check_weights(weights, ("ema", "raw"))
+    ref = read_reference(path, need_ema=weights == "ema")
+    return _build(ref, weights, dtype), ref.config
+
+
+# ---------------------------------------------------------------------------------------------- import
+def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+            if progress:
+                progress(len(chunk))
+    return h.hexdigest()
+
+
+def _tokenizer_for(spec: str, vocab: int, directory: Path | None, warn: Callable[[str], None]) -> Any:
+    """The tokenizer to store with an import (None: none recorded). "auto": gpt2 for GPT-2 vocabs."""
+    if spec == "none":
+        return None
+    if spec == "auto":
+        if vocab not in GPT2_VOCABS:
+            warn(
+                f"the model's vocabulary ({vocab}) is not GPT-2's, so no tokenizer is recorded; "
+                "pass --tokenizer SPEC to record one (sampling then returns token ids only)"
+            )
+            return None
+        spec = "gpt2"
+    from aogpt.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(spec, directory)
+    if tok.vocab_size > vocab:
+        raise AOGPTError(
+            f"tokenizer {spec} has {tok.vocab_size} ids but the model only {vocab}",
+            "pass the tokenizer the model was trained with, or --tokenizer none",
+        )
+    return tok
+
+
+def _checkpoint_or_empty(out: Path, overwrite: bool) -> None:
+    """Refuse to replace anything but an existing aogpt checkpoint (or an empty directory)."""
+    if not out.exists():
+        return
+    if out.is_dir() and not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise AOGPTError(f"{out} already exists", "choose another --out or pass --overwrite")
+    if not (out.is_dir() and (out / "config.json").is_file() and (out / "model.safetensors").is_file()):
+        raise AOGPTError(
+            f"{out} exists and is not an aogpt checkpoint; --overwrite only replaces checkpoints",
+            "choose another --out",
+        )
+
+
+def import_reference(
+    path: str | Path,
+    out: str | Path,
+    weights: str = "ema",
+    tokenizer: str = "auto",
+    tokenizer_dir: str | Path | None = None,
+    overwrite: bool = False,
+    warn: Callable[[str], None] | None = None,
+    progress: Any = None,
+) -> dict[str, Any]:
+    """Convert a reference checkpoint into our checkpoint directory `out`; returns a summary.
+
+    weights="ema": raw and EMA weights are both stored (`aogpt.load` uses the EMA, ``weights="raw"``
+    the raw ones); "raw": only the raw weights are stored (the file may lack an EMA).
+    """
+    _check_weights(weights, ("ema", "raw"))
+    path, out = Path(path), Path(out)
+    warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
+    _checkpoint_or_empty(out, overwrite)
+    ref = read_reference(path, need_ema=weights == "ema")
+    tok = _tokenizer_for(tokenizer, ref.config.vocab_size, Path(tokenizer_dir) if tokenizer_dir else None, warn)
+    if progress is not None:
+        progress.reset(total=path.stat().st_size)
+    digest = sha256_file(path, progress.update if progress is not None else None)
+    model = _build(ref, "raw")
+    source = {
+        "format": "reference",
+        "file": str(path.resolve()),
+        "sha256": digest,
+        "architecture": ARCH_NAMES[ref.variant],
+        "weights": weights,
+        "ema_decay": ref.ema_decay,
+        "ema_num_updates": ref.ema_num_updates,
+        "model_args": ref.model_args,
+        "ignored_keys": ref.ignored_keys,
+        "config": ref.extra_config,
+    }
+    config = {
+        "model": to_dict(ref.config),
+        "tokenizer": tok.spec if tok is not None else None,
+        "step": ref.iter_num,
+        "source": source,
+    }
+    save_checkpoint(out, model, config=config, ema=ref.ema if weights == "ema" else None, tokenizer=tok)
+    return {
+        "out": str(out),
+        "variant": ref.variant,
+        "architecture": ARCH_NAMES[ref.variant],
+        "params": model.num_params(),
+        "weights": weights,
+        "ema_stored": weights == "ema",
+        "step": ref.iter_num,
+        "tokenizer": config["tokenizer"],
+        "sha256": digest,
+        "ignored_keys": ref.ignored_keys,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- export
+def export_reference(
+    run: str | Path, out: str | Path, weights: str = "both", overwrite: bool = False
+) -> dict[str, Any]:
+    """Write our checkpoint (a ckpt-* directory or a run's newest) as a reference ``.pt`` file.
+
+    weights="both": ``model`` = raw weights and ``ema_model`` = the EMA (needs one); "raw": ``model``
+    only; "ema": the EMA weights as ``model`` (for tools that read nothing else), no ``ema_model``.
+    """
+    _check_weights(weights, ("both", "raw", "ema"))
+    out = Path(out)
+    if out.exists() and (out.is_dir() or not overwrite):
+        raise AOGPTError(
+            f"{out} already exists", "choose another --out" + ("" if out.is_dir() else " or pass --overwrite")
+        )
+    ckpt = find_checkpoint(Path(run))
+    meta = read_config(ckpt)
+    cfg = model_config_from_dict(meta["model"])
+    why = reference_incompatibilities(cfg)
+    if why:
+        raise AOGPTError(
+            f"{ckpt} is not a reference architecture: {'; '.join(why)}",
+            "only aogpt and sigma models with the paper's architecture can be exported",
+        )
+    tensors = read_weights(ckpt)
+    raw, ema = weights_of(tensors, "raw"), weights_of(tensors, "ema")
+    names = parameter_names(cfg)
+    if weights in ("both", "ema") and not ema:
+        raise AOGPTError(f"{ckpt} holds no EMA weights", "pass --weights raw")
+    if weights in ("both", "ema") and (lost := [n for n in names if n not in ema]):
+        raise AOGPTError(f"{ckpt}: EMA weights lack {', '.join(lost[:5])}", "pass --weights raw")
+    with torch.device("meta"):
+        keys = list(Transformer(cfg).state_dict())
+    source = raw if weights != "ema" else {**raw, **ema}
+    state = {}
+    for key in keys:  # the reference state dict lists the tied head too (sharing wte's storage)
+        if key == "lm_head.weight" and cfg.tie_head:
+            state[key] = state["transformer.wte.weight"]
+        elif key in source:
+            state[key] = source[key]
+        else:
+            raise AOGPTError(f"{ckpt}: raw weights lack {key}", "the checkpoint is corrupted")
+    train = meta.get("train") or {}
+    src = meta.get("source") or {}
+    decay = src.get("ema_decay") or train.get("ema_decay") or PAPER_EMA_DECAY
+    updates = src.get("ema_num_updates") if src.get("ema_num_updates") is not None else int(meta.get("step", 0))
+    args = {k: getattr(cfg, k) for k in MODEL_ARGS}
+    obj: dict[str, Any] = {
+        "model": state,
+        "model_args": args,
+        "iter_num": int(meta.get("step", 0)),
+        "config": {"exported_by": "aogpt", "aogpt_format": FORMAT, "aogpt_config": _plain(meta)},
+    }
+    if weights == "both":
+        obj["ema_model"] = {
+            "decay": float(decay),
+            "num_updates": int(updates),
+            "shadow_params": [ema[n] for n in names],
+        }
+        obj["ema_rate"] = float(decay)
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    ensure_writable_dir(out.parent)
+    atomic_write_bytes(out, buf.getvalue())
+    return {
+        "out": str(out),
+        "checkpoint": str(ckpt),
+        "variant": cfg.variant,
+        "architecture": ARCH_NAMES[cfg.variant],
+        "weights": weights,
+        "keys": len(state),
+        "shadow_params": len(names) if weights == "both" else 0,
+        "step": obj["iter_num"],
+        "bytes": buf.tell(),
+    }
+
+
+__all__ = [
+    "ReferenceCheckpoint",
+    "check_state",
+    "detect_architecture",
+    "export_reference",
+    "import_reference",
+    "load_reference",
+    "parameter_names",
+    "read_reference",
+    "reference_config",
+    "reference_incompatibilities",
+]
