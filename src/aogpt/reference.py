@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import pickle
 import re
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,20 +35,13 @@ from typing import Any
 
 import torch
 
-from aogpt.checkpoint import (
-    FORMAT,
-    find_checkpoint,
-    read_config,
-    read_weights,
-    save_checkpoint,
-    weights_of,
-)
+from aogpt.checkpoint import FORMAT, find_checkpoint, read_config, read_weights, save_checkpoint, weights_of
 from aogpt.config import VARIANT_DEFAULTS, ModelConfig, model_config, model_config_from_dict, to_dict
 from aogpt.errors import AOGPTError
 from aogpt.io import atomic_write_bytes, ensure_writable_dir
 from aogpt.model import Transformer
 
-COMPILED_PREFIX = "_orig_mod."
+COMPILED_PREFIX = "_orig_mod."  # torch.compile'd models save their keys under this prefix
 NORM_EPS = 1e-5  # RMSNorm / LayerNorm epsilon of the reference code
 MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")
 PAPER_EMA_DECAY = 0.9999
@@ -54,6 +49,7 @@ GPT2_VOCABS = (50257, 50304)  # GPT-2's vocabulary, and nanoGPT's padded one
 # nanoGPT's causal-mask buffers (saved by its non-flash attention path): not weights, dropped.
 _MASK_BUFFER = re.compile(r"^transformer\.h\.\d+\.attn\.(masked_)?bias$")
 ARCH_NAMES = {"aogpt": "AO-GPT", "sigma": "sigma-GPT"}
+Stage = Callable[[str], None]
 
 
 @dataclass
@@ -74,7 +70,6 @@ class ReferenceCheckpoint:
 
     def weights(self, which: str) -> dict[str, torch.Tensor]:
         """The full state dict for `which` ("ema" or "raw"); EMA entries override the raw ones."""
-        _check_weights(which, ("ema", "raw"))
         if which == "ema" and self.ema is None:
             raise AOGPTError(f"{self.path} has no EMA weights (no `ema_model` entry)", "pass --weights raw")
         state = {**self.state, **self.ema} if which == "ema" else dict(self.state)
@@ -83,91 +78,82 @@ class ReferenceCheckpoint:
         return state
 
 
-# ---------------------------------------------------------------------------------------------- reading
 def _check_weights(which: str, choices: tuple[str, ...]) -> None:
     if which not in choices:
         raise AOGPTError(f"unknown weights {which!r}", f"choose one of: {', '.join(choices)}")
 
 
+# ---------------------------------------------------------------------------------------------- reading
 def _torch_load(path: Path) -> Any:
     """`torch.load` with ``weights_only=True``, every failure turned into a user error."""
-    if not path.exists():
-        raise AOGPTError(f"{path} does not exist", "check the path")
     if not path.is_file():
-        raise AOGPTError(f"{path} is not a file", "pass the reference checkpoint's .pt file")
+        raise AOGPTError(f"{path} {'is not a file' if path.exists() else 'does not exist'}", "check the path")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    # torch.save writes a zip archive; the legacy format (and plain pickles) start with PROTO 0x80.
+    fix = "pass the reference checkpoint's .pt file"
+    if head != b"PK\x03\x04" and not head.startswith(b"\x80"):
+        raise AOGPTError(f"{path} is not a PyTorch checkpoint (neither a torch zip archive nor a pickle)", fix)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:  # raised both for non-pickles and for refused objects
-        text = str(exc)
-        if "Weights only load failed" in text:
-            detail = next((ln.strip() for ln in text.splitlines() if "Unsupported global" in ln), "")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about pickle protocols before failing
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # UnpicklingError, RuntimeError, EOFError, ... for foreign or truncated files
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        refused = next((ln for ln in lines if "Unsupported global" in ln), None)
+        if isinstance(exc, pickle.UnpicklingError) and refused:
+            what = refused.split("Unsupported global:")[-1].split(" was not")[0].strip()
             raise AOGPTError(
-                f"{path} holds pickled objects other than tensors and plain containers"
-                + (f" ({detail.rstrip('.')})" if detail else ""),
-                "refused for safety (weights_only); re-save the checkpoint with tensors, dicts, lists and numbers only",
+                f"{path} holds pickled objects other than tensors and plain containers ({what})",
+                "refused for safety (weights_only); re-save it with tensors, dicts, lists and numbers only",
             ) from None
+        skip = ("Weights only", "In PyTorch", "Please", "Check the", "(")
+        detail = next((ln for ln in lines if not ln.startswith(skip)), type(exc).__name__).split(". ")[0]
         raise AOGPTError(
-            f"{path} is not a PyTorch checkpoint ({text.splitlines()[0] if text else 'unpickling'})",
-            "pass the reference checkpoint's .pt file",
+            f"{path} is not a readable PyTorch checkpoint ({detail})", fix + "; it may be truncated"
         ) from None
-    except Exception as exc:  # torch raises RuntimeError/EOFError/ValueError... for foreign files
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise AOGPTError(
-            f"{path} is not a readable PyTorch checkpoint ({first})",
-            "pass the reference checkpoint's .pt file; it may be truncated",
-        ) from None
-
-
-def _strip_prefix(key: str) -> str:
-    while key.startswith(COMPILED_PREFIX):
-        key = key[len(COMPILED_PREFIX) :]
-    return key
 
 
 def _clean_state(raw: Any, path: Path) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Tensors by name, `_orig_mod.` prefixes stripped and causal-mask buffers set aside."""
     if not isinstance(raw, dict) or not raw:
         raise AOGPTError(f"{path}: `model` is not a non-empty state dict", "pass a reference checkpoint")
     state, ignored = {}, []
     for key, value in raw.items():
-        name = _strip_prefix(str(key))
+        name = str(key)
+        while name.startswith(COMPILED_PREFIX):
+            name = name[len(COMPILED_PREFIX) :]
         if not isinstance(value, torch.Tensor):
-            raise AOGPTError(
-                f"{path}: model entry {name} is a {type(value).__name__}, not a tensor", "pass a reference checkpoint"
-            )
+            raise AOGPTError(f"{path}: model entry {name} is a {type(value).__name__}, not a tensor", "fix the file")
         if _MASK_BUFFER.match(name) and value.dim() == 4:
             ignored.append(name)
-            continue
-        if name in state:
-            raise AOGPTError(
-                f"{path}: key {name} appears twice (with and without {COMPILED_PREFIX!r})", "fix the checkpoint"
-            )
-        state[name] = value
+        elif name in state:
+            raise AOGPTError(f"{path}: key {name} appears twice (with and without {COMPILED_PREFIX})", "fix the file")
+        else:
+            state[name] = value
     return state, ignored
 
 
+def _dims(state: dict[str, torch.Tensor], key: str, ndim: int) -> tuple[int, ...] | None:
+    t = state.get(key)
+    return tuple(t.shape) if t is not None and t.dim() == ndim else None
+
+
 def detect_architecture(state: dict[str, torch.Tensor]) -> str:
-    """ "aogpt" or "sigma", from the keys (and sigma's input-wide target table)."""
-    keys = set(state)
-    ao_markers = [k for k in keys if k.startswith("transformer.final_layer.") or ".adaLN." in k or ".attn.q_norm." in k]
-    wte, wtpe = state.get("transformer.wte.weight"), state.get("transformer.wtpe.weight")
-    sigma = (
-        "transformer.ln_f.weight" in keys
-        and wte is not None
-        and wtpe is not None
-        and wte.dim() == 2
-        and wtpe.dim() == 2
-        and wtpe.shape[1] == wte.shape[1]
-    )
-    if ao_markers and not sigma:
+    """ "aogpt" or "sigma", from the keys (and sigma's n_embd-wide target table)."""
+    ao = sorted(k for k in state if k.startswith("transformer.final_layer.") or ".adaLN." in k or ".attn.q_norm." in k)
+    wte, wtpe = _dims(state, "transformer.wte.weight", 2), _dims(state, "transformer.wtpe.weight", 2)
+    sigma = "transformer.ln_f.weight" in state and wte is not None and wtpe is not None and wtpe[1] == wte[1]
+    if ao and not sigma:
         return "aogpt"
-    if sigma and not ao_markers:
+    if sigma and not ao:
         return "sigma"
-    if ao_markers and sigma:
-        why = "it mixes AO-GPT keys (e.g. " + sorted(ao_markers)[0] + ") with sigma-GPT's transformer.ln_f"
+    if ao:
+        why = f"it mixes AO-GPT keys ({ao[0]}) with sigma-GPT's transformer.ln_f"
     elif wtpe is None:
         why = "it has no target-position table transformer.wtpe.weight (a left-to-right GPT-2?)"
-    elif wte is not None and wtpe.dim() == 2 and wte.dim() == 2:
-        why = f"transformer.wtpe.weight is {wtpe.shape[1]} wide, not n_embd {wte.shape[1]}"
+    elif wte is not None:
+        why = f"transformer.wtpe.weight is {wtpe[1]} wide, not n_embd {wte[1]}"
     else:
         why = "neither AO-GPT nor sigma-GPT keys were found"
     raise AOGPTError(
@@ -175,11 +161,6 @@ def detect_architecture(state: dict[str, torch.Tensor]) -> str:
         "expected AO-GPT (transformer.final_layer.*, *.adaLN.1.*, attn.q_norm) or sigma-GPT "
         "(transformer.ln_f.*, an n_embd-wide transformer.wtpe.weight)",
     )
-
-
-def _dims(state: dict[str, torch.Tensor], key: str, ndim: int) -> tuple[int, ...] | None:
-    t = state.get(key)
-    return tuple(t.shape) if t is not None and t.dim() == ndim else None
 
 
 def reference_config(
@@ -192,44 +173,35 @@ def reference_config(
     """
     args = dict(model_args or {})
     variant = variant or detect_architecture(state)
+    incomplete = "pass a complete checkpoint"
     wte = _dims(state, "transformer.wte.weight", 2)
     if wte is None:
-        raise AOGPTError("missing tensor transformer.wte.weight (or it is not 2-D)", "pass a complete checkpoint")
-    vocab, d = wte
+        raise AOGPTError("missing tensor transformer.wte.weight (or it is not 2-D)", incomplete)
     wpe, wtpe = _dims(state, "transformer.wpe.weight", 2), _dims(state, "transformer.wtpe.weight", 2)
     block = wpe[0] - 1 if wpe else wtpe[0] if wtpe else args.get("block_size")
+    if not isinstance(block, int):
+        raise AOGPTError("cannot tell the block size (no wpe/wtpe, no model_args.block_size)", incomplete)
     layers = {int(m.group(1)) for k in state if (m := re.match(r"transformer\.h\.(\d+)\.", k))}
     if not layers:
-        raise AOGPTError("no transformer blocks (transformer.h.*) in the state dict", "pass a complete checkpoint")
-    derived: dict[str, Any] = dict(
-        n_layer=max(layers) + 1,
-        n_embd=d,
-        block_size=block,
-        vocab_size=vocab,
-        bias="transformer.h.0.attn.c_attn.bias" in state,
-    )
-    fields: dict[str, Any] = {}
+        raise AOGPTError("no transformer blocks (transformer.h.*) in the state dict", incomplete)
+    bias = "transformer.h.0.attn.c_attn.bias" in state
+    derived = dict(n_layer=max(layers) + 1, n_embd=wte[1], block_size=block, vocab_size=wte[0], bias=bias)
     q_norm = _dims(state, "transformer.h.0.attn.q_norm.weight", 1)
-    if variant == "aogpt" and q_norm and q_norm[0] and d % q_norm[0] == 0:
-        derived["n_head"] = d // q_norm[0]
+    if variant == "aogpt" and q_norm and q_norm[0] and wte[1] % q_norm[0] == 0:
+        derived["n_head"] = wte[1] // q_norm[0]
     elif "n_head" in args:
         derived["n_head"] = args["n_head"]
     else:
         raise AOGPTError("cannot tell the number of heads: model_args has no n_head", "add it to model_args")
-    if variant == "aogpt":
-        fields["target_dim"] = wtpe[1] if wtpe else 128
-        fields["head_bias"] = "lm_head.bias" in state
     for key, value in derived.items():
         if key in args and args[key] != value:
             raise AOGPTError(
                 f"model_args says {key}={args[key]!r} but the tensors say {value!r}",
                 "the checkpoint is inconsistent; fix model_args",
             )
-    if not isinstance(block, int):
-        raise AOGPTError(
-            "cannot tell the block size (no wpe/wtpe, no model_args.block_size)", "pass a complete checkpoint"
-        )
-    return model_config(variant, **derived, **fields, dropout=0.0, norm_eps=NORM_EPS)
+    if variant == "aogpt":
+        derived.update(target_dim=wtpe[1] if wtpe else 128, head_bias="lm_head.bias" in state)
+    return model_config(variant, **derived, dropout=0.0, norm_eps=NORM_EPS)
 
 
 def reference_incompatibilities(cfg: ModelConfig) -> list[str]:
@@ -242,81 +214,73 @@ def reference_incompatibilities(cfg: ModelConfig) -> list[str]:
     return [f"{k}={getattr(cfg, k)!r} (the reference uses {v!r})" for k, v in expected.items() if getattr(cfg, k) != v]
 
 
+def _meta_model(cfg: ModelConfig) -> Transformer:
+    """The model's structure without allocating its weights."""
+    with torch.device("meta"):
+        return Transformer(cfg)
+
+
 def check_state(state: dict[str, torch.Tensor], cfg: ModelConfig, where: str) -> None:
     """Compare every key and shape with the model `cfg` builds; raise naming each mismatch."""
-    with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in Transformer(cfg).state_dict().items()}
+    expected = {k: tuple(v.shape) for k, v in _meta_model(cfg).state_dict().items()}
     optional = {"lm_head.weight"} if cfg.tie_head else set()
-    missing = [k for k in expected if k not in state and k not in optional]
-    unexpected = [k for k in state if k not in expected]
-    shapes = [
-        f"{k} {tuple(state[k].shape)} (expected {v})"
-        for k, v in expected.items()
-        if k in state and tuple(state[k].shape) != v
+    problems = {
+        "missing": [k for k in expected if k not in state and k not in optional],
+        "unexpected": [k for k in state if k not in expected],
+        "wrong shape": [
+            f"{k} {tuple(state[k].shape)} (expected {v})"
+            for k, v in expected.items()
+            if k in state and tuple(state[k].shape) != v
+        ],
+    }
+    parts = [
+        f"{label}: {', '.join(items[:8])}" + (f" and {len(items) - 8} more" if len(items) > 8 else "")
+        for label, items in problems.items()
+        if items
     ]
-    parts = []
-    for label, items in (("missing", missing), ("unexpected", unexpected), ("wrong shape", shapes)):
-        if items:
-            more = f" and {len(items) - 8} more" if len(items) > 8 else ""
-            parts.append(f"{label}: {', '.join(items[:8])}{more}")
+    name = ARCH_NAMES.get(cfg.variant, cfg.variant)
     if parts:
         raise AOGPTError(
-            f"{where} does not match {ARCH_NAMES.get(cfg.variant, cfg.variant)} "
-            f"({cfg.n_layer} layers, n_embd {cfg.n_embd}): {'; '.join(parts)}",
+            f"{where} does not match {name} ({cfg.n_layer} layers, n_embd {cfg.n_embd}): {'; '.join(parts)}",
             "the file is incomplete or from another architecture",
         )
-    if (
-        cfg.tie_head
-        and "lm_head.weight" in state
-        and not torch.equal(state["lm_head.weight"], state["transformer.wte.weight"])
-    ):
-        raise AOGPTError(
-            f"{where}: lm_head.weight differs from transformer.wte.weight, but {ARCH_NAMES[cfg.variant]} ties them",
-            "the file is corrupted",
-        )
+    head = state.get("lm_head.weight") if cfg.tie_head else None
+    if head is not None and not torch.equal(head, state["transformer.wte.weight"]):
+        raise AOGPTError(f"{where}: lm_head.weight differs from transformer.wte.weight, but {name} ties them", "")
 
 
 def parameter_names(cfg: ModelConfig) -> list[str]:
     """Names of the distinct parameters in `parameters()` order: the order of ``shadow_params``."""
-    with torch.device("meta"):
-        return [name for name, _ in Transformer(cfg).named_parameters()]
+    return [name for name, _ in _meta_model(cfg).named_parameters()]
 
 
 def _read_ema(entry: Any, cfg: ModelConfig, path: Path) -> tuple[dict[str, torch.Tensor], float | None, int | None]:
-    if not isinstance(entry, dict) or "shadow_params" not in entry:
-        raise AOGPTError(f"{path}: ema_model has no shadow_params list", "pass --weights raw")
-    shadow = entry["shadow_params"]
-    names = parameter_names(cfg)
+    """Name the unnamed ``shadow_params`` list by our `parameters()` order, checking count and shapes."""
+    shadow = entry.get("shadow_params") if isinstance(entry, dict) else None
     if not isinstance(shadow, list | tuple) or not all(isinstance(t, torch.Tensor) for t in shadow):
-        raise AOGPTError(f"{path}: ema_model.shadow_params is not a list of tensors", "pass --weights raw")
-    if len(shadow) != len(names):
+        raise AOGPTError(f"{path}: ema_model has no shadow_params list of tensors", "pass --weights raw")
+    shapes = {k: tuple(p.shape) for k, p in _meta_model(cfg).named_parameters()}
+    if len(shadow) != len(shapes):
         raise AOGPTError(
             f"{path}: ema_model.shadow_params holds {len(shadow)} tensors, but "
-            f"{ARCH_NAMES[cfg.variant]} has {len(names)} parameters",
+            f"{ARCH_NAMES[cfg.variant]} has {len(shapes)} parameters",
             "pass --weights raw",
         )
-    with torch.device("meta"):
-        shapes = {k: tuple(p.shape) for k, p in Transformer(cfg).named_parameters()}
+    ema = dict(zip(shapes, shadow, strict=True))
     bad = [
-        f"#{i} {name} {tuple(t.shape)} (expected {shapes[name]})"
-        for i, (name, t) in enumerate(zip(names, shadow, strict=True))
-        if tuple(t.shape) != shapes[name]
+        f"#{i} {k} {tuple(t.shape)} (expected {shapes[k]})"
+        for i, (k, t) in enumerate(ema.items())
+        if tuple(t.shape) != shapes[k]
     ]
     if bad:
-        raise AOGPTError(
-            f"{path}: EMA shadow_params have wrong shapes: {', '.join(bad[:8])}",
-            "the EMA does not belong to this model; pass --weights raw",
-        )
+        raise AOGPTError(f"{path}: EMA shadow_params have wrong shapes: {', '.join(bad[:8])}", "pass --weights raw")
     decay, updates = entry.get("decay"), entry.get("num_updates")
-    return (
-        dict(zip(names, shadow, strict=True)),
-        float(decay) if isinstance(decay, int | float) else None,
-        int(updates) if isinstance(updates, int) else None,
-    )
+    decay = float(decay) if isinstance(decay, int | float) else None
+    return ema, decay, updates if isinstance(updates, int) else None
 
 
 def _plain(value: Any) -> Any:
-    """JSON-safe copy of informational metadata (tensors and other objects are dropped)."""
+    """JSON-safe copy of informational metadata: tensors and other objects are dropped."""
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items() if _is_plain(v)}
     if isinstance(value, list | tuple):
@@ -325,9 +289,7 @@ def _plain(value: Any) -> Any:
 
 
 def _is_plain(value: Any) -> bool:
-    if isinstance(value, dict | list | tuple):
-        return True
-    return value is None or isinstance(value, bool | int | float | str)
+    return value is None or isinstance(value, dict | list | tuple | bool | int | float | str)
 
 
 def read_reference(path: str | Path, need_ema: bool = False) -> ReferenceCheckpoint:
@@ -345,7 +307,7 @@ def read_reference(path: str | Path, need_ema: bool = False) -> ReferenceCheckpo
     state, ignored = _clean_state(obj["model"], path)
     args = obj.get("model_args") or {}
     if not isinstance(args, dict):
-        raise AOGPTError(f"{path}: model_args is a {type(args).__name__}, not a dict", "fix the checkpoint")
+        raise AOGPTError(f"{path}: model_args is a {type(args).__name__}, not a dict", "fix the file")
     variant = detect_architecture(state)
     cfg = reference_config(state, args, variant)
     check_state(state, cfg, where=str(path))
@@ -356,8 +318,8 @@ def read_reference(path: str | Path, need_ema: bool = False) -> ReferenceCheckpo
         raise AOGPTError(f"{path} has no EMA weights (no `ema_model` entry)", "pass --weights raw")
     if decay is None and isinstance(obj.get("ema_rate"), int | float):
         decay = float(obj["ema_rate"])
-    iter_num = obj.get("iter_num", 0)
-    extra = obj.get("config") if isinstance(obj.get("config"), dict) else {}
+    iter_num = obj.get("iter_num")
+    extra = obj.get("config")
     return ReferenceCheckpoint(
         path=path,
         variant=variant,
@@ -366,9 +328,9 @@ def read_reference(path: str | Path, need_ema: bool = False) -> ReferenceCheckpo
         ema=ema,
         ema_decay=decay,
         ema_num_updates=updates,
-        iter_num=int(iter_num) if isinstance(iter_num, int) else 0,
+        iter_num=iter_num if isinstance(iter_num, int) else 0,
         model_args=_plain(args),
-        extra_config=_plain(extra),
+        extra_config=_plain(extra) if isinstance(extra, dict) else {},
         ignored_keys=ignored,
     )
 
@@ -389,16 +351,6 @@ def load_reference(
 
 
 # ---------------------------------------------------------------------------------------------- import
-def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-            if progress:
-                progress(len(chunk))
-    return h.hexdigest()
-
-
 def _tokenizer_for(spec: str, vocab: int, directory: Path | None, warn: Callable[[str], None]) -> Any:
     """The tokenizer to store with an import (None: none recorded). "auto": gpt2 for GPT-2 vocabs."""
     if spec == "none":
@@ -407,7 +359,7 @@ def _tokenizer_for(spec: str, vocab: int, directory: Path | None, warn: Callable
         if vocab not in GPT2_VOCABS:
             warn(
                 f"the model's vocabulary ({vocab}) is not GPT-2's, so no tokenizer is recorded; "
-                "pass --tokenizer SPEC to record one (sampling then returns token ids only)"
+                "pass --tokenizer SPEC to record one (without it, text cannot be encoded or decoded)"
             )
             return None
         spec = "gpt2"
@@ -422,17 +374,15 @@ def _tokenizer_for(spec: str, vocab: int, directory: Path | None, warn: Callable
     return tok
 
 
-def _checkpoint_or_empty(out: Path, overwrite: bool) -> None:
+def _check_out_dir(out: Path, overwrite: bool) -> None:
     """Refuse to replace anything but an existing aogpt checkpoint (or an empty directory)."""
-    if not out.exists():
-        return
-    if out.is_dir() and not any(out.iterdir()):
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return
     if not overwrite:
         raise AOGPTError(f"{out} already exists", "choose another --out or pass --overwrite")
-    if not (out.is_dir() and (out / "config.json").is_file() and (out / "model.safetensors").is_file()):
+    if not (out / "config.json").is_file() or not (out / "model.safetensors").is_file():
         raise AOGPTError(
-            f"{out} exists and is not an aogpt checkpoint; --overwrite only replaces checkpoints",
+            f"{out} exists and is not an aogpt checkpoint (--overwrite only replaces checkpoints)",
             "choose another --out",
         )
 
@@ -445,54 +395,55 @@ def import_reference(
     tokenizer_dir: str | Path | None = None,
     overwrite: bool = False,
     warn: Callable[[str], None] | None = None,
-    progress: Any = None,
+    stage: Stage | None = None,
 ) -> dict[str, Any]:
     """Convert a reference checkpoint into our checkpoint directory `out`; returns a summary.
 
     weights="ema": raw and EMA weights are both stored (`aogpt.load` uses the EMA, ``weights="raw"``
-    the raw ones); "raw": only the raw weights are stored (the file may lack an EMA).
+    the raw ones); "raw": only the raw weights are stored (the file may lack an EMA). `stage` is
+    told when each step (read, hash, build, write) starts, for a progress display.
     """
     _check_weights(weights, ("ema", "raw"))
-    path, out = Path(path), Path(out)
+    path, out, stage = Path(path), Path(out), stage or (lambda name: None)
     warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
-    _checkpoint_or_empty(out, overwrite)
+    _check_out_dir(out, overwrite)
+    stage("read")
     ref = read_reference(path, need_ema=weights == "ema")
     tok = _tokenizer_for(tokenizer, ref.config.vocab_size, Path(tokenizer_dir) if tokenizer_dir else None, warn)
-    if progress is not None:
-        progress.reset(total=path.stat().st_size)
-    digest = sha256_file(path, progress.update if progress is not None else None)
+    stage("hash")
+    with open(path, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    stage("build")
     model = _build(ref, "raw")
-    source = {
-        "format": "reference",
-        "file": str(path.resolve()),
-        "sha256": digest,
-        "architecture": ARCH_NAMES[ref.variant],
-        "weights": weights,
-        "ema_decay": ref.ema_decay,
-        "ema_num_updates": ref.ema_num_updates,
-        "model_args": ref.model_args,
-        "ignored_keys": ref.ignored_keys,
-        "config": ref.extra_config,
-    }
-    config = {
-        "model": to_dict(ref.config),
-        "tokenizer": tok.spec if tok is not None else None,
-        "step": ref.iter_num,
-        "source": source,
-    }
+    arch = ARCH_NAMES[ref.variant]
+    source = dict(
+        format="reference",
+        file=str(path.resolve()),
+        sha256=digest,
+        architecture=arch,
+        weights=weights,
+        ema_decay=ref.ema_decay,
+        ema_num_updates=ref.ema_num_updates,
+        model_args=ref.model_args,
+        ignored_keys=ref.ignored_keys,
+        config=ref.extra_config,
+    )
+    spec = tok.spec if tok is not None else None
+    config = {"model": to_dict(ref.config), "tokenizer": spec, "step": ref.iter_num, "source": source}
+    stage("write")
     save_checkpoint(out, model, config=config, ema=ref.ema if weights == "ema" else None, tokenizer=tok)
-    return {
-        "out": str(out),
-        "variant": ref.variant,
-        "architecture": ARCH_NAMES[ref.variant],
-        "params": model.num_params(),
-        "weights": weights,
-        "ema_stored": weights == "ema",
-        "step": ref.iter_num,
-        "tokenizer": config["tokenizer"],
-        "sha256": digest,
-        "ignored_keys": ref.ignored_keys,
-    }
+    return dict(
+        out=str(out),
+        variant=ref.variant,
+        architecture=arch,
+        params=model.num_params(),
+        weights=weights,
+        ema_stored=weights == "ema",
+        step=ref.iter_num,
+        tokenizer=spec,
+        sha256=digest,
+        ignored_keys=ref.ignored_keys,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- export
@@ -506,15 +457,12 @@ def export_reference(
     """
     _check_weights(weights, ("both", "raw", "ema"))
     out = Path(out)
-    if out.exists() and (out.is_dir() or not overwrite):
-        raise AOGPTError(
-            f"{out} already exists", "choose another --out" + ("" if out.is_dir() else " or pass --overwrite")
-        )
+    if out.is_dir() or (out.exists() and not overwrite):
+        raise AOGPTError(f"{out} already exists", "choose another --out" + ("" if out.is_dir() else " or --overwrite"))
     ckpt = find_checkpoint(Path(run))
     meta = read_config(ckpt)
     cfg = model_config_from_dict(meta["model"])
-    why = reference_incompatibilities(cfg)
-    if why:
+    if why := reference_incompatibilities(cfg):
         raise AOGPTError(
             f"{ckpt} is not a reference architecture: {'; '.join(why)}",
             "only aogpt and sigma models with the paper's architecture can be exported",
@@ -522,65 +470,53 @@ def export_reference(
     tensors = read_weights(ckpt)
     raw, ema = weights_of(tensors, "raw"), weights_of(tensors, "ema")
     names = parameter_names(cfg)
-    if weights in ("both", "ema") and not ema:
-        raise AOGPTError(f"{ckpt} holds no EMA weights", "pass --weights raw")
-    if weights in ("both", "ema") and (lost := [n for n in names if n not in ema]):
-        raise AOGPTError(f"{ckpt}: EMA weights lack {', '.join(lost[:5])}", "pass --weights raw")
-    with torch.device("meta"):
-        keys = list(Transformer(cfg).state_dict())
-    source = raw if weights != "ema" else {**raw, **ema}
+    if weights != "raw" and (lost := [n for n in names if n not in ema]):
+        what = "no EMA weights" if not ema else f"EMA weights without {', '.join(lost[:5])}"
+        raise AOGPTError(f"{ckpt} holds {what}", "pass --weights raw")
+    chosen = {**raw, **ema} if weights == "ema" else raw
     state = {}
-    for key in keys:  # the reference state dict lists the tied head too (sharing wte's storage)
+    for key in _meta_model(cfg).state_dict():  # the reference lists the tied head too (sharing wte's storage)
         if key == "lm_head.weight" and cfg.tie_head:
             state[key] = state["transformer.wte.weight"]
-        elif key in source:
-            state[key] = source[key]
+        elif key in chosen:
+            state[key] = chosen[key]
         else:
-            raise AOGPTError(f"{ckpt}: raw weights lack {key}", "the checkpoint is corrupted")
-    train = meta.get("train") or {}
-    src = meta.get("source") or {}
-    decay = src.get("ema_decay") or train.get("ema_decay") or PAPER_EMA_DECAY
-    updates = src.get("ema_num_updates") if src.get("ema_num_updates") is not None else int(meta.get("step", 0))
-    args = {k: getattr(cfg, k) for k in MODEL_ARGS}
+            raise AOGPTError(f"{ckpt}: its weights lack {key}", "the checkpoint is corrupted")
+    train, src, step = meta.get("train") or {}, meta.get("source") or {}, int(meta.get("step", 0))
+    # `config` (the training script's globals, informational): the original file's after an import, else ours.
+    extra = dict(src["config"]) if isinstance(src.get("config"), dict) else _plain({**train, "model": meta["model"]})
+    extra["exported_by"] = f"aogpt ({FORMAT})"
     obj: dict[str, Any] = {
         "model": state,
-        "model_args": args,
-        "iter_num": int(meta.get("step", 0)),
-        "config": {"exported_by": "aogpt", "aogpt_format": FORMAT, "aogpt_config": _plain(meta)},
+        "model_args": {k: getattr(cfg, k) for k in MODEL_ARGS},
+        "iter_num": step,
+        "config": extra,
     }
     if weights == "both":
+        decay = float(src.get("ema_decay") or train.get("ema_decay") or PAPER_EMA_DECAY)
+        updates = src.get("ema_num_updates")
+        shadow = [ema[n] for n in names]
         obj["ema_model"] = {
-            "decay": float(decay),
-            "num_updates": int(updates),
-            "shadow_params": [ema[n] for n in names],
+            "decay": decay,
+            "num_updates": step if updates is None else updates,
+            "shadow_params": shadow,
         }
-        obj["ema_rate"] = float(decay)
+        obj["ema_rate"] = decay
     buf = io.BytesIO()
     torch.save(obj, buf)
     ensure_writable_dir(out.parent)
     atomic_write_bytes(out, buf.getvalue())
-    return {
-        "out": str(out),
-        "checkpoint": str(ckpt),
-        "variant": cfg.variant,
-        "architecture": ARCH_NAMES[cfg.variant],
-        "weights": weights,
-        "keys": len(state),
-        "shadow_params": len(names) if weights == "both" else 0,
-        "step": obj["iter_num"],
-        "bytes": buf.tell(),
-    }
-
-
-__all__ = [
-    "ReferenceCheckpoint",
-    "check_state",
-    "detect_architecture",
-    "export_reference",
-    "import_reference",
-    "load_reference",
-    "parameter_names",
-    "read_reference",
-    "reference_config",
-    "reference_incompatibilities",
-]
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(out, 0o666 & ~umask)  # atomic_write_bytes' temporary file is created 0600
+    return dict(
+        out=str(out),
+        checkpoint=str(ckpt),
+        variant=cfg.variant,
+        architecture=ARCH_NAMES[cfg.variant],
+        weights=weights,
+        keys=len(state),
+        shadow_params=len(names) if weights == "both" else 0,
+        step=step,
+        bytes=buf.tell(),
+    )
