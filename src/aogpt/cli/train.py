@@ -1,0 +1,121 @@
+"""`aogpt train`: flags and config files -> configs -> Trainer. All checking of user input is here."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from aogpt.cli.common import add_common, emit_json
+
+FLAG_FIELDS = {  # flag dest -> (section, field)
+    "max_steps": ("train", "max_steps"),
+    "max_minutes": ("train", "max_minutes"),
+    "seed": ("train", "seed"),
+    "order": ("train", "order"),
+    "batch_size": ("train", "batch_size"),
+    "grad_accum": ("train", "grad_accum"),
+    "global_batch_tokens": ("train", "global_batch_tokens"),
+    "lr": ("train", "lr"),
+    "eval_interval": ("train", "eval_interval"),
+    "ckpt_interval": ("train", "ckpt_interval"),
+    "ema_decay": ("train", "ema_decay"),
+    "device": ("train", "device"),
+    "dtype": ("train", "dtype"),
+    "compile": ("train", "compile"),
+    "fsdp": ("train", "fsdp"),
+    "init_from": ("train", "init_from"),
+    "keep_last": ("train", "keep_last"),
+    "block_size": ("model", "block_size"),
+}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a model (any variant) on prepared data",
+        description="Train GPT, sigma-GPT, AO-GPT or the encoder-only MDM on a prepared data "
+        "directory. Runs under torchrun for DDP/FSDP.",
+    )
+    p.add_argument("--preset", default="cpu-small", help="size and recipe: tiny, cpu-small, gpt2-small, gpt2-medium")
+    p.add_argument("--variant", default=None, help="gpt, sigma, aogpt (default) or encoder-mdm")
+    p.add_argument("--data", type=Path, help="prepared data directory (from `aogpt prepare`)")
+    p.add_argument("--out", type=Path, required=True, help="run directory (checkpoints, metrics, plot)")
+    p.add_argument("--config", type=Path, help="JSON/TOML file with [model] and [train] overrides")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field, e.g. --set model.n_layer=6 --set train.warmup_steps=10",
+    )
+    p.add_argument(
+        "--order",
+        help="order distribution: l2r, uniform, mixture[:P], fixed-random[:SEED], "
+        "blockwise[:K[:SEED]] (default per variant)",
+    )
+    p.add_argument("--max-steps", type=int)
+    p.add_argument("--max-minutes", type=float, help="stop after this much training time")
+    p.add_argument("--batch-size", type=int, help="sequences per micro-batch per process")
+    p.add_argument("--grad-accum", type=int)
+    p.add_argument("--global-batch-tokens", type=int, help="derive accumulation from a global batch in tokens")
+    p.add_argument("--block-size", type=int, help="context length (the model's block size)")
+    p.add_argument("--lr", type=float)
+    p.add_argument("--eval-interval", type=int)
+    p.add_argument("--ckpt-interval", type=int)
+    p.add_argument("--keep-last", type=int, help="checkpoints to keep (default 2)")
+    p.add_argument("--ema-decay", type=float)
+    p.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
+    p.add_argument("--dtype", help="auto (bf16 autocast on CUDA, fp32 on CPU), float32, bfloat16")
+    p.add_argument("--compile", action="store_const", const=True, help="torch.compile the model (CUDA only)")
+    p.add_argument("--fsdp", action="store_const", const=True, help="shard with FSDP2 instead of DDP (CUDA)")
+    p.add_argument("--init-from", type=str, help="start from the raw weights of this checkpoint")
+    p.add_argument("--resume", action="store_true", help="continue the newest checkpoint in --out")
+    p.add_argument("--resume-from", type=Path, help="continue from this checkpoint directory")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (sizes, batch, memory, time) and exit")
+    p.add_argument(
+        "--assume-tflops",
+        type=float,
+        default=400.0,
+        help="achieved TFLOP/s per device used by --dry-run's time estimate (default 400)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_common(p, seed=False)
+    p.add_argument("--seed", type=int, help="random seed (default 1337)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from aogpt.cli.train_setup import dry_run_report, prepare_run
+
+    plan = prepare_run(args)
+    if args.dry_run:
+        report = dry_run_report(plan, args.assume_tflops)
+        if plan.info.is_main:
+            for key, value in report.items():
+                print(f"{key:>28}: {value}")
+            if args.json:
+                emit_json(report)
+        return 0
+    summary = plan.run()
+    if plan.info.is_main:
+        _print_summary(summary)
+        if args.json:
+            emit_json(summary)
+    return 0
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    import math
+
+    print(
+        f"trained {s['step']} steps ({s['tokens_seen']:,} tokens, {s['tokens_per_s']:,.0f} tokens/s, "
+        f"stopped by {s['stopped_by']})"
+    )
+    for key in sorted(k for k in s if k.startswith("val/")):
+        _, kind, weights = key.split("/")
+        label = "left-to-right" if kind == "l2r" else "any-order"
+        print(f"  {label:>13} {weights:>3}: loss {s[key]:.4f}  perplexity {math.exp(min(s[key], 50)):.2f}")
+    print(f"checkpoint: {s['checkpoint']}")
+    if s.get("plot"):
+        print(f"loss plot:  {s['plot']}")

@@ -1,0 +1,252 @@
+"""Turn `aogpt train` arguments into a checked run: configs, data, resume point, process group.
+
+Every user mistake is caught here, before any step runs, and reported as one `AOGPTError` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aogpt import distributed
+from aogpt.checkpoint import find_checkpoint, list_checkpoints, read_config
+from aogpt.config import (
+    ModelConfig,
+    TrainConfig,
+    apply_overrides,
+    load_config_file,
+    model_config,
+    model_config_from_dict,
+    parse_cli_value,
+    to_dict,
+    train_config,
+)
+from aogpt.errors import AOGPTError
+from aogpt.io import ensure_writable_dir, write_json
+
+TRAIN_ONLY_ON_RESUME = {
+    "max_steps",
+    "max_minutes",
+    "eval_interval",
+    "ckpt_interval",
+    "keep_last",
+    "log_interval",
+    "device",
+    "dtype",
+    "compile",
+    "eval_batches",
+}
+
+
+@dataclass
+class Plan:
+    model_cfg: ModelConfig
+    train_cfg: TrainConfig
+    info: distributed.DistInfo
+    out: Path
+    data: Any = None
+    tokenizer: Any = None
+    resume_from: Path | None = None
+    run_meta: dict[str, Any] = field(default_factory=dict)
+    show_progress: bool = True
+
+    def run(self) -> dict[str, Any]:
+        from aogpt.train import Trainer
+
+        try:
+            trainer = Trainer(
+                self.model_cfg,
+                self.train_cfg,
+                self.data,
+                self.out,
+                info=self.info,
+                run_meta=self.run_meta,
+                tokenizer=self.tokenizer,
+                show_progress=self.show_progress,
+            )
+            if self.resume_from is not None:
+                trainer.resume(self.resume_from)
+            if self.info.is_main:
+                write_json(
+                    self.out / "run.json",
+                    {"model": to_dict(self.model_cfg), "train": to_dict(self.train_cfg), **self.run_meta},
+                )
+            return trainer.fit()
+        finally:
+            distributed.shutdown()
+
+
+def _split_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(file sections, model overrides, train overrides) from --config, --set and the flags."""
+    file_data = load_config_file(args.config) if args.config else {}
+    model_over = dict(file_data.get("model", {}))
+    train_over = dict(file_data.get("train", {}))
+    model_fields = set(ModelConfig.__dataclass_fields__)
+    train_fields = set(TrainConfig.__dataclass_fields__)
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise AOGPTError(f"--set {item!r} is not KEY=VALUE", "write e.g. --set model.n_layer=6")
+        section, _, name = key.rpartition(".")
+        if section not in ("", "model", "train"):
+            raise AOGPTError(f"--set {key}: unknown section {section!r}", "use model.KEY or train.KEY")
+        if not section:
+            section = "model" if name in model_fields and name not in train_fields else "train"
+        (model_over if section == "model" else train_over)[name] = parse_cli_value(value)
+    from aogpt.cli.train import FLAG_FIELDS
+
+    for dest, (section, name) in FLAG_FIELDS.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            (model_over if section == "model" else train_over)[name] = value
+    return file_data, model_over, train_over
+
+
+def prepare_run(args: argparse.Namespace) -> Plan:
+    file_data, model_over, train_over = _split_overrides(args)
+    preset = file_data.get("preset", args.preset)
+    resume_from = None
+    if args.resume or args.resume_from:
+        resume_from = find_checkpoint(args.resume_from or args.out)
+        saved = read_config(resume_from)
+        model_cfg = model_config_from_dict(saved["model"])
+        changed = {k for k, v in model_over.items() if getattr(model_cfg, k) != v and k != "block_size"}
+        if changed or (args.variant and args.variant != model_cfg.variant):
+            raise AOGPTError(
+                f"cannot change the model when resuming ({', '.join(sorted(changed)) or 'variant'})",
+                "drop those overrides, or start a new run with --init-from",
+            )
+        bad = set(train_over) - TRAIN_ONLY_ON_RESUME - {k for k, v in train_over.items() if saved["train"].get(k) == v}
+        if bad:
+            raise AOGPTError(
+                f"cannot change {', '.join(sorted(bad))} when resuming (the run would not continue exactly)",
+                f"only these may change: {', '.join(sorted(TRAIN_ONLY_ON_RESUME))}",
+            )
+        train_cfg = apply_overrides(
+            apply_overrides(TrainConfig(), saved["train"], "checkpoint train config"), train_over, "train config"
+        )
+        data_dir = args.data or (Path(saved["data"]) if saved.get("data") else None)
+    else:
+        variant = args.variant or file_data.get("variant", "aogpt")
+        model_cfg = model_config(variant, preset=preset, **{k: v for k, v in model_over.items() if k != "vocab_size"})
+        train_cfg = train_config(preset, variant, **train_over)
+        data_dir = args.data
+        if train_cfg.init_from:
+            source = model_config_from_dict(read_config(find_checkpoint(Path(train_cfg.init_from)))["model"])
+            wanted = model_over.get("block_size", source.block_size)
+            if source.variant != variant or wanted != source.block_size:
+                raise AOGPTError(
+                    f"--init-from model (variant {source.variant}, block size {source.block_size}) does "
+                    f"not fit variant {variant} with block size {wanted}",
+                    "match --variant and keep the model's block size",
+                )
+            model_cfg = source
+
+    data, tokenizer = None, None
+    if data_dir is None:
+        if not args.dry_run:
+            raise AOGPTError("no training data given", "pass --data DIR (make one with `aogpt prepare`)")
+    else:
+        from aogpt.data import PreparedData
+
+        expected = read_config(resume_from).get("tokenizer") if resume_from else None
+        data = PreparedData(Path(data_dir), expect_tokenizer=expected)
+        tokenizer = data.tokenizer
+        model_cfg = _fit_vocab(model_cfg, data, model_over, resume_from is not None)
+        for split in ("train", "val"):
+            if data.num_tokens(split) < model_cfg.block_size:
+                raise AOGPTError(
+                    f"the {split} split of {data_dir} holds {data.num_tokens(split)} tokens, fewer "
+                    f"than one block of {model_cfg.block_size}",
+                    "use a smaller --block-size or more data",
+                )
+
+    if args.dry_run:
+        return Plan(model_cfg, train_cfg, distributed.DistInfo(), args.out, data, tokenizer)
+    ensure_writable_dir(args.out)
+    if resume_from is None and list_checkpoints(args.out):
+        raise AOGPTError(f"{args.out} already holds checkpoints", "pass --resume to continue it, or choose a new --out")
+    device_kind = (
+        "cuda"
+        if train_cfg.device.startswith("cuda") or (train_cfg.device == "auto" and torch.cuda.is_available())
+        else "cpu"
+    )
+    info = distributed.init_distributed(device_kind)
+    if train_cfg.fsdp and device_kind != "cuda":
+        distributed.shutdown()
+        raise AOGPTError("FSDP is only supported on CUDA devices here", "drop --fsdp (DDP runs on CPU with gloo)")
+    meta = {
+        "tokenizer": data.meta.get("tokenizer") if data is not None else None,
+        "data": str(Path(data_dir).resolve()) if data_dir else None,
+        "preset": preset,
+    }
+    return Plan(
+        model_cfg, train_cfg, info, args.out, data, tokenizer, resume_from, meta, show_progress=not args.no_progress
+    )
+
+
+def _fit_vocab(cfg: ModelConfig, data: Any, model_over: dict[str, Any], resuming: bool) -> ModelConfig:
+    """Size the embedding for the data's tokenizer; refuse a model too small for the data."""
+    need = int(data.tokenizer.vocab_size)
+    if resuming or "vocab_size" in model_over:
+        have = cfg.vocab_size if resuming else int(model_over["vocab_size"])
+        if have < need:
+            raise AOGPTError(
+                f"the data was made with tokenizer {data.meta.get('tokenizer')} ({need} tokens) but the "
+                f"model's vocabulary holds {have}",
+                "prepare the data with the model's tokenizer",
+            )
+        return apply_overrides(cfg, {"vocab_size": have}, "model config")
+    return apply_overrides(cfg, {"vocab_size": int(data.tokenizer.padded_vocab_size)}, "model config")
+
+
+def dry_run_report(plan: Plan, assume_tflops: float) -> dict[str, Any]:
+    """Sizes, batch arithmetic, a memory estimate per device and the time per step at a throughput."""
+    from aogpt.model import Transformer
+    from aogpt.train import flops_per_token
+
+    cfg, tc = plan.model_cfg, plan.train_cfg
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    n_params = model.num_params()
+    world = plan.info.world_size
+    if tc.global_batch_tokens > 0:
+        per_micro = world * tc.batch_size * cfg.block_size
+        if tc.global_batch_tokens % per_micro:
+            raise AOGPTError(
+                f"global batch of {tc.global_batch_tokens} tokens is not divisible by world size "
+                f"{world} x micro-batch {tc.batch_size} x block {cfg.block_size}",
+                "change the global batch or the micro-batch size",
+            )
+        accum = tc.global_batch_tokens // per_micro
+    else:
+        accum = tc.grad_accum
+    tokens_per_step = world * tc.batch_size * accum * cfg.block_size
+    state_bytes = 20 * n_params / (world if tc.fsdp else 1)  # fp32 weights, grads, Adam m+v, EMA
+    B, T, d, L = tc.batch_size, cfg.block_size, cfg.n_embd, cfg.n_layer
+    act_bytes = L * B * T * d * (34 + 5 * cfg.n_head * T / d) + B * T * cfg.vocab_size * 10
+    fpt = flops_per_token(cfg, T)
+    seconds = fpt * tokens_per_step / (assume_tflops * 1e12 * world)
+    return {
+        "variant": cfg.variant,
+        "parameters": n_params,
+        "layers/width/heads": f"{L}/{d}/{cfg.n_head}",
+        "block size": T,
+        "vocab": cfg.vocab_size,
+        "world size": world,
+        "micro-batch (seqs)": tc.batch_size,
+        "accumulation steps": accum,
+        "tokens per step": tokens_per_step,
+        "order": tc.order,
+        "lr": tc.lr,
+        "ema decay": tc.ema_decay,
+        "max steps": tc.max_steps,
+        "memory per device (GiB)": round((state_bytes + act_bytes) / 2**30, 2),
+        "training FLOPs per token": f"{fpt:.3e}",
+        "time per step (s)": f"{seconds:.3f} at {assume_tflops:g} TFLOP/s per device",
+        "time for max steps (h)": round(seconds * tc.max_steps / 3600, 1),
+    }

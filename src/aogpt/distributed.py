@@ -1,0 +1,100 @@
+"""Parallelism, kept apart from the model and the training loop (torchtitan style).
+
+`torchrun --nproc_per_node=N -m aogpt train ...` sets RANK/WORLD_SIZE/LOCAL_RANK; we then join a
+process group (NCCL on CUDA, gloo on CPU) and wrap the model with DDP, or shard it with FSDP2's
+`fully_shard`. Without those variables everything runs in one process with no wrapper at all.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from aogpt.errors import AOGPTError
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1 or bool(self.backend)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def launched_by_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def init_distributed(device_kind: str) -> DistInfo:
+    """Join the process group if torchrun started us; otherwise a single-process DistInfo."""
+    if not launched_by_torchrun():
+        return DistInfo()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    backend = "nccl" if device_kind == "cuda" else "gloo"
+    if device_kind == "cuda":
+        torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=30))
+    return DistInfo(rank=rank, world_size=world, local_rank=local_rank, backend=backend)
+
+
+def shutdown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_model(model: nn.Module, info: DistInfo, device: torch.device, fsdp: bool) -> nn.Module:
+    """DDP (default) or FSDP2 `fully_shard` (per block, then the whole model)."""
+    if fsdp:
+        if device.type != "cuda":
+            raise AOGPTError(
+                "FSDP needs CUDA devices in this project (gloo does not support its collectives well enough on CPU)",
+                "drop --fsdp on CPU, DDP is used instead",
+            )
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for block in model.transformer.h:
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        return model
+    if not info.enabled:
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ids = [device.index] if device.type == "cuda" else None
+    return DDP(model, device_ids=ids)
+
+
+def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    if info.enabled:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def broadcast_flag(flag: bool, info: DistInfo, device: torch.device) -> bool:
+    """True on every rank if it is true on any (used to stop all ranks together)."""
+    if not info.enabled:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()

@@ -1,0 +1,59 @@
+"""Configs, presets and overrides."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aogpt.config import TrainConfig, apply_overrides, load_config_file, model_config, train_config
+from aogpt.errors import AOGPTError
+from aogpt.model import Transformer
+
+
+def test_paper_presets_have_the_released_parameter_counts():
+    with torch.device("meta"):
+        assert Transformer(model_config("aogpt", preset="gpt2-small")).num_params() == 170_605_952
+        assert Transformer(model_config("sigma", preset="gpt2-small")).num_params() == 125_263_872
+        assert Transformer(model_config("aogpt", preset="gpt2-medium")).num_params() == 425_804_928
+
+
+def test_variant_defaults_and_overrides():
+    cfg = model_config("sigma", preset="tiny", target="input-concat")
+    assert cfg.norm == "layernorm" and cfg.tie_head and cfg.target == "input-concat"
+    assert train_config("tiny", "aogpt").order == "mixture"
+    assert train_config(None, "gpt").order == "l2r"
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(variant="bert"), "unknown variant"),
+    (dict(variant="aogpt", target="sideways"), "unknown target"),
+    (dict(variant="gpt", target="adaln"), "takes no target"),
+    (dict(variant="aogpt", n_head=3), "not divisible"),
+    (dict(variant="aogpt", n_layer="4"), "must be int"),
+    (dict(variant="aogpt", colour=1), "unknown key"),
+])
+def test_bad_model_configs(kwargs, match):
+    with pytest.raises(AOGPTError, match=match):
+        model_config(kwargs.pop("variant"), preset="tiny", **kwargs)
+
+
+def test_train_overrides_check_types():
+    assert apply_overrides(TrainConfig(), {"lr": 1}, "x").lr == 1.0
+    with pytest.raises(AOGPTError, match="must be bool"):
+        apply_overrides(TrainConfig(), {"compile": 1}, "x")
+    with pytest.raises(AOGPTError, match="unknown preset"):
+        train_config("huge")
+
+
+def test_config_files(tmp_path):
+    good = tmp_path / "c.toml"
+    good.write_text('preset = "tiny"\n[model]\nn_layer = 3\n[train]\nlr = 0.01\n')
+    assert load_config_file(good)["model"]["n_layer"] == 3
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"modle": {"n_layer": 3}}')
+    with pytest.raises(AOGPTError, match="unknown section"):
+        load_config_file(bad)
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    with pytest.raises(AOGPTError, match="does not parse"):
+        load_config_file(broken)
