@@ -264,7 +264,7 @@ def clean_wikitext(title: str, text: str) -> str:
                 out += ([""] if out[-1] else []) + [heading.group(2)]
             continue
         line = re.sub(r"^[*#:;]+\s*", "", line.strip())
-        line = re.sub(r"[ \t]{2,}", " ", re.sub(r"\(\s*[,;]?\s*\)", "", line)).strip()
+        line = re.sub(r"[ \t]{2,}", " ", re.sub(r"\s*\(\s*[,;]?\s*\)", "", line)).strip()
         if skipping or line.startswith(("|", "!")):
             continue
         if line or out[-1]:
