@@ -1,0 +1,250 @@
+"""`aogpt eval`: likelihoods (left to right, any-order bound, ensembles), zero-shot suites, generation
+perplexity. Behaviour and decisions: docs/evaluation.md."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aogpt.cli.common import add_common, emit_json, progress
+from aogpt.errors import AOGPTError
+
+HELP = "evaluate a checkpoint: NLL/perplexity (l2r, any-order bound, ensembles), zero-shot suites, gen. perplexity"
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("eval", help=HELP, description=HELP + " (see docs/evaluation.md)")
+    p.add_argument("--checkpoint", metavar="RUN", help="run directory (its newest checkpoint) or a ckpt-* directory")
+    p.add_argument("--data", metavar="SPEC", action="append", default=[],
+                   help="prepared data directory (its val split), a suite (lambada, wikitext2, ptb, wikitext103, "
+                   "lm1b), shakespeare, wiki-excerpt, or a .txt/.jsonl file or folder (scored whole); repeatable")
+    p.add_argument("--suite", metavar="NAMES", default=None,
+                   help="comma-separated evaluation sets; 'paper' = the five zero-shot suites, 'offline' = "
+                   "shakespeare,wiki-excerpt. Several sets print a markdown table")
+    p.add_argument("--data-dir", metavar="DIR", type=Path, default=None,
+                   help="read the suites from local files here instead of the Hugging Face hub")
+    p.add_argument("--order", default="l2r",
+                   help="l2r (exact AR likelihood), random (any-order bound, K draws) or an order spec "
+                   "(mixture, fixed-random:SEED, blockwise:K); comma-separated for several (default l2r)")
+    p.add_argument("--num-orders", "-K", type=int, default=4, metavar="K",
+                   help="independent draws of random orders, for the mean and its error bar (default 4)")
+    p.add_argument("--ensemble", "-M", type=int, default=1, metavar="M",
+                   help="context-order ensemble size, base order included (default 1: none)")
+    p.add_argument("--ensemble-positions", type=int, default=None, metavar="S",
+                   help="ensemble only S random steps per sequence (unbiased estimator; faster)")
+    p.add_argument("--weights", choices=("ema", "raw"), default="ema", help="EMA (default) or raw weights")
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per forward (default 8)")
+    p.add_argument("--max-batches", type=int, default=None, help="stop after this many batches per data set")
+    p.add_argument("--block-len", type=int, default=None,
+                   help="tokens per evaluated block (default: min(1024, the model's context)); longer than "
+                   "the context is refused")
+    p.add_argument("--wrap", action="store_true", help="MDLM's wrapped packing: EOS + (block_len-2) tokens + EOS")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
+    p.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default="float32",
+                   help="model weights' dtype for evaluation (default float32)")
+    g = p.add_argument_group("generation perplexity")
+    g.add_argument("--genppl", metavar="FILE", type=Path, default=None,
+                   help="score samples from FILE (.jsonl, .json or one per line)")
+    g.add_argument("--genppl-samples", metavar="N", type=int, default=None,
+                   help="generate N samples from --checkpoint and score them")
+    g.add_argument("--evaluator", metavar="CKPT|hf:NAME", default=None,
+                   help="the scoring LM: one of our checkpoints (read left to right) or hf:gpt2-large")
+    g.add_argument("--gen-steps", type=int, default=None, help="generation steps (default: one per token)")
+    g.add_argument("--gen-length", type=int, default=None, help="sample length (default: the model's context)")
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (default 1.0)")
+    add_common(p)
+    p.set_defaults(func=run)
+
+
+def _device(spec: str) -> torch.device:
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(spec)
+    except RuntimeError:
+        raise AOGPTError(f"unknown device {spec!r}", "use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise AOGPTError("CUDA is not available on this machine", "use --device cpu")
+    return dev
+
+
+def _same_tokenizer(loaded: Any, prepared: Any) -> None:
+    """Refuse data made with another tokenizer: the spec, and for a trained BPE its file, must match."""
+    ours = loaded.meta.get("tokenizer")
+    theirs = prepared.meta.get("tokenizer")
+    fix = f"prepare the data with the model's tokenizer: aogpt prepare --tokenizer {ours}"
+    if ours and theirs != ours:
+        raise AOGPTError(f"{prepared.directory} was prepared with tokenizer {theirs}, the model uses {ours}", fix)
+    if ours and ours.startswith("bpe:"):
+        mine, data = loaded.path / "tokenizer" / "tokenizer.json", prepared.directory / "tokenizer.json"
+        if mine.is_file() and data.is_file() and mine.read_bytes() != data.read_bytes():
+            raise AOGPTError(f"{prepared.directory} was prepared with a different {ours} tokenizer than the model's "
+                             "(trained on other text)", "evaluate on data prepared with the model's own tokenizer.json")
+
+
+def _dataset(spec: str, loaded: Any, args: argparse.Namespace, block_len: int) -> tuple[Any, int | None, dict]:
+    """(a function giving the blocks or a batch iterator, number of batches, description) for one
+    --data/--suite entry; the function is called once per order."""
+    from aogpt import zeroshot
+
+    path = Path(spec).expanduser()
+    if spec not in zeroshot.SUITES and spec not in zeroshot.STAND_INS and path.is_dir() \
+            and (path / "meta.json").is_file():
+        from aogpt.data import PreparedData
+
+        prepared = PreparedData(path)
+        _same_tokenizer(loaded, prepared)
+        total = prepared.num_eval_batches("val", args.batch_size, block_len, args.max_batches)
+        def batches() -> Any:
+            return prepared.iter_eval_batches("val", args.batch_size, block_len, args.max_batches)
+
+        return batches, total, {"source": str(path), "split": "val", "block_len": block_len,
+                                "tokenizer": prepared.meta.get("tokenizer")}
+    if loaded.tokenizer is None:
+        raise AOGPTError(f"{loaded.path} records no tokenizer, so text cannot be encoded for {spec}",
+                         "re-import it with `aogpt convert --tokenizer SPEC`, or use a prepared data directory")
+    if spec in zeroshot.SUITES or spec in zeroshot.STAND_INS:
+        blocks, info = zeroshot.load_blocks(spec, loaded.tokenizer, block_len, wrap=args.wrap, data_dir=args.data_dir)
+    elif path.exists():
+        from aogpt.corpora import load_corpus
+
+        texts = list(load_corpus(str(path)).documents())
+        blocks = zeroshot.pack(loaded.tokenizer.encode_batch(texts), block_len, loaded.tokenizer.eot_id, args.wrap)
+        info = {"source": str(path), "split": "all", "examples": len(texts), "block_len": block_len, "wrap": args.wrap}
+        if blocks.shape[0] == 0:
+            raise AOGPTError(f"{path} gives less than one block of {block_len} tokens", "use a smaller --block-len")
+    else:
+        known = ", ".join((*zeroshot.SUITES, *zeroshot.STAND_INS))
+        raise AOGPTError(f"unknown data {spec!r}", f"use a prepared data directory, a text file, or one of: {known}")
+    if args.max_batches is not None:
+        blocks = blocks[: args.max_batches * args.batch_size]
+    return (lambda: blocks), math.ceil(blocks.shape[0] / args.batch_size), info
+
+
+def _fmt(r: dict) -> str:
+    ci = f" (95% CI {r['ppl_ci95'][0]:.2f}-{r['ppl_ci95'][1]:.2f}, se {r['se']:.4f} nats)" if r.get("se") else ""
+    ens = f" M={r['ensemble']}" + (f" S={r['ensemble_positions']}" if r.get("ensemble_positions") else "")
+    return (f"{r['dataset']:<16} order={r['order']} K={r['num_orders']}{ens}: nll {r['nll']:.4f}  "
+            f"ppl {r['ppl']:.2f}{ci}  tokens {r['tokens']}  ({r['seconds']:.1f} s)")
+
+
+def table(results: list[dict], label: str) -> str:
+    """A markdown table like the paper's Table 2: one row per (order, ensemble), one column per set."""
+    from aogpt.zeroshot import title
+
+    sets = list(dict.fromkeys(r["dataset"] for r in results))
+    rows = list(dict.fromkeys((r["order"], r["ensemble"]) for r in results))
+    lines = ["| Model | " + " | ".join(title(s) for s in sets) + " |", "|---" * (len(sets) + 1) + "|"]
+    for order, m in rows:
+        cells = []
+        for s in sets:
+            hit = [r for r in results if r["dataset"] == s and r["order"] == order and r["ensemble"] == m]
+            cell = ""
+            if hit:
+                cell = f"{hit[0]['ppl']:.2f}"
+                if hit[0].get("ppl_ci95"):  # half-width of the 95% interval
+                    lo, hi = hit[0]["ppl_ci95"]
+                    cell += f" ± {(hi - lo) / 2:.2f}"
+            cells.append(cell)
+        name = f"{label} ({order}" + (f", ensemble {m}" if m > 1 else "") + ")"
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _likelihoods(loaded: Any, args: argparse.Namespace, sets: list[str]) -> list[dict]:
+    from aogpt.evaluate import check_request, evaluate
+
+    orders = [o.strip() for o in args.order.split(",") if o.strip()]
+    for order in orders:  # refuse bad requests before loading any data
+        check_request(loaded.model, order, args.num_orders, args.ensemble, args.ensemble_positions)
+    context = loaded.config.block_size
+    block_len = args.block_len or min(1024, context)
+    if block_len > context:
+        raise AOGPTError(f"--block-len {block_len} exceeds the model's context of {context}",
+                         f"use --block-len {context} or less (sliding windows are not supported: see docs)")
+    if block_len < 1:
+        raise AOGPTError(f"--block-len must be positive, got {block_len}", "pass e.g. --block-len 128")
+    results = []
+    for spec in sets:
+        data, total, info = _dataset(spec, loaded, args, block_len)
+        for order in orders:
+            with progress(total=total, desc=f"eval {spec} {order}") as bar:
+                res = evaluate(loaded.model, data(), order=order, num_orders=args.num_orders, ensemble=args.ensemble,
+                               ensemble_positions=args.ensemble_positions, batch_size=args.batch_size,
+                               max_batches=args.max_batches, seed=args.seed, progress=bar)
+            row = {"dataset": spec, **res.to_dict(), "data": info}
+            print(_fmt(row), flush=True)
+            results.append(row)
+    return results
+
+
+def _genppl(loaded: Any, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> dict:
+    from aogpt.genppl import generate_texts, make_evaluator, read_samples, score_samples
+
+    if args.evaluator is None:
+        raise AOGPTError("generation perplexity needs an evaluator",
+                         "pass --evaluator CKPT or --evaluator hf:gpt2-large")
+    if args.genppl_samples is not None and args.genppl_samples < 1:
+        raise AOGPTError(f"--genppl-samples must be at least 1, got {args.genppl_samples}", "pass a positive N")
+    if args.genppl is not None:
+        texts, source = read_samples(args.genppl), str(args.genppl)
+    else:
+        if loaded is None:
+            raise AOGPTError("--genppl-samples generates from --checkpoint, which is missing", "pass --checkpoint RUN")
+        texts = generate_texts(loaded, args.genppl_samples, args.seed, steps=args.gen_steps, length=args.gen_length,
+                               temperature=args.temperature, top_p=args.top_p, batch_size=args.batch_size)
+        source = f"generated by {loaded.path}"
+    evaluator = make_evaluator(args.evaluator, device=device, dtype=dtype)
+    with progress(desc="genppl") as bar:
+        res = score_samples(evaluator, texts, batch_size=args.batch_size, progress=bar)
+    out = {**res.to_dict(), "source": source}
+    print(f"generation perplexity {res.genppl:.2f} (nll {res.nll:.4f}, {res.tokens} tokens, {res.samples} samples, "
+          f"unigram entropy {res.entropy:.3f} nats) by {res.evaluator}", flush=True)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from aogpt import zeroshot
+
+    device = _device(args.device)
+    dtype = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}[args.dtype]
+    sets = list(args.data) + (zeroshot.names(args.suite) if args.suite else [])
+    wants_genppl = args.genppl is not None or args.genppl_samples is not None
+    if args.genppl is not None and args.genppl_samples is not None:
+        raise AOGPTError("--genppl and --genppl-samples both given", "score a file or generate, not both")
+    if not sets and not wants_genppl:
+        raise AOGPTError("nothing to evaluate", "pass --data SPEC, --suite NAMES, --genppl FILE or --genppl-samples N")
+    if args.batch_size < 1:
+        raise AOGPTError(f"--batch-size must be at least 1, got {args.batch_size}", "pass a positive number")
+    if args.max_batches is not None and args.max_batches < 1:
+        raise AOGPTError(f"--max-batches must be at least 1, got {args.max_batches}", "pass a positive number")
+    loaded = None
+    if sets or args.genppl_samples is not None:
+        if not args.checkpoint:
+            raise AOGPTError("no checkpoint given", "pass --checkpoint RUN")
+        from aogpt.checkpoint import load
+
+        loaded = load(args.checkpoint, weights=args.weights, device=device, dtype=dtype)
+    summary: dict[str, Any] = {"command": "eval", "seed": args.seed}
+    if loaded is not None:
+        summary.update(checkpoint=str(loaded.path), step=loaded.step, variant=loaded.config.variant,
+                       weights=loaded.weights)
+    if sets:
+        results = _likelihoods(loaded, args, sets)
+        summary["results"] = results
+        if len(results) == 1:
+            summary.update({k: results[0][k] for k in ("nll", "ppl", "tokens", "se", "ci95", "ppl_ci95")})
+        else:
+            print("\n" + table(results, loaded.config.variant), flush=True)
+    if wants_genppl:
+        summary["genppl"] = _genppl(loaded, args, device, dtype)
+    if args.json:
+        emit_json(summary)
+    sys.stdout.flush()
+    return 0
