@@ -73,14 +73,14 @@ def imported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {a: Path(import_reference(CKPT[a], out / a, warn=lambda m: None)["out"]) for a in CKPT}
 
 
-@pytest.mark.parametrize("arch,weights,dtype", CASES)
+@pytest.mark.parametrize("arch,weights,dtype", CASES, ids=str)
 def test_load_reference_matches_reference_logits_and_losses(arch, weights, dtype):
     model, cfg = load_reference(CKPT[arch], weights=weights, dtype=dtype)
     assert cfg.variant == {"ao": "aogpt", "sg": "sigma"}[arch]
     assert_matches_reference(model, arch, weights, dtype)
 
 
-@pytest.mark.parametrize("arch,weights,dtype", CASES)
+@pytest.mark.parametrize("arch,weights,dtype", CASES, ids=str)
 def test_imported_directory_loads_and_matches_reference(imported, arch, weights, dtype):
     loaded = aogpt.load(imported[arch], weights=weights, dtype=dtype)
     assert loaded.step == 20 and loaded.tokenizer is None  # vocab 101 is not GPT-2's: no tokenizer recorded
@@ -129,7 +129,7 @@ def test_left_to_right_loss_matches_reference(arch):
     assert abs(losses.mean().item() - float(EXP[f"{arch}_ema_loss_ar_mode_f32"])) < 1e-5
 
 
-@pytest.mark.parametrize("dtype", TOL)
+@pytest.mark.parametrize("dtype", TOL, ids=str)
 def test_generator_on_imported_checkpoint_reproduces_reference(imported, dtype):
     """Reference `count`/linear schedule, 5 steps over 32 tokens, teacher-forced: same logits."""
     suffix, atol = TOL[dtype]

@@ -1,0 +1,164 @@
+"""`aogpt import` / `aogpt export` end to end through `aogpt.cli.main`: success, --json, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import aogpt
+from aogpt.checkpoint import save_checkpoint
+from aogpt.cli import main
+from aogpt.config import model_config, to_dict
+from aogpt.model import Transformer
+
+
+def fixture_dir() -> Path:
+    """The conformance vectors: $AOGPT_REFERENCE_FIXTURES, tests/fixtures/ or ../shared/fixtures/."""
+    root = Path(__file__).resolve().parents[2]
+    env = os.environ.get("AOGPT_REFERENCE_FIXTURES")
+    candidates = [Path(env)] if env else []
+    candidates += [root / "tests/fixtures/reference-checkpoints", root.parent / "shared/fixtures/reference-checkpoints"]
+    for path in candidates:
+        if (path / "expected.npz").is_file():
+            return path
+    raise FileNotFoundError(f"reference fixtures not found in {[str(c) for c in candidates]}")
+
+
+FIX = fixture_dir()
+AO, SG = FIX / "ckpt_aogpt.pt", FIX / "ckpt_sigmagpt.pt"
+
+
+def error_lines(err: str) -> list[str]:
+    """`error:` lines on stderr (progress bars redraw with carriage returns, so split on those too)."""
+    return [seg for seg in re.split(r"[\r\n]", err) if seg.startswith("error:")]
+
+
+def logits_of(path: Path, weights: str = "ema") -> torch.Tensor:
+    model = aogpt.load(path, weights=weights).model
+    idx = torch.arange(32).remainder(101)[None]
+    order = torch.randperm(32, generator=torch.Generator().manual_seed(0))[None]
+    with torch.no_grad():
+        return model(idx, order, with_last_slot=True)[0]
+
+
+def test_import_export_import_through_the_cli(tmp_path, capsys):
+    assert main(["import", str(AO), "--out", str(tmp_path / "a"), "--json"]) == 0
+    out, err = capsys.readouterr()
+    summary = json.loads(out.strip().splitlines()[-1])  # the JSON summary is the last stdout line
+    assert summary["command"] == "import" and summary["variant"] == "aogpt" and summary["params"] == 67_629
+    assert summary["ema_stored"] and summary["step"] == 20 and "warning: " in err  # vocab 101: no tokenizer
+
+    assert (
+        main(["export", str(tmp_path / "a"), "--format", "reference", "--out", str(tmp_path / "a.pt"), "--json"]) == 0
+    )
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["command"] == "export" and summary["keys"] == 37 and summary["shadow_params"] == 37
+
+    assert main(["import", str(tmp_path / "a.pt"), "--out", str(tmp_path / "b"), "--tokenizer", "none"]) == 0
+    for weights in ("ema", "raw"):
+        assert torch.equal(logits_of(tmp_path / "a", weights), logits_of(tmp_path / "b", weights))
+    assert not torch.equal(logits_of(tmp_path / "a", "ema"), logits_of(tmp_path / "a", "raw"))
+
+
+def test_import_raw_weights_and_overwrite(tmp_path, capsys):
+    out = str(tmp_path / "s")
+    assert main(["import", str(SG), "--out", out, "--weights", "raw"]) == 0
+    assert "raw weights" in capsys.readouterr().out
+    assert main(["import", str(SG), "--out", out]) == 2  # exists
+    assert "already exists" in error_lines(capsys.readouterr().err)[0]
+    assert main(["import", str(SG), "--out", out, "--overwrite"]) == 0
+    assert aogpt.load(out).weights == "ema"  # now with the EMA stored
+
+
+@pytest.mark.parametrize("command", ["import", "export"])
+def test_help(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    assert "--weights" in text and "--json" in text and "--seed" in text
+
+
+def _edited(tmp_path: Path, source: Path, edit) -> Path:
+    obj = torch.load(source, map_location="cpu", weights_only=True)
+    edit(obj)
+    path = tmp_path / "edited.pt"
+    torch.save(obj, path)
+    return path
+
+
+class Opaque:  # a pickled class instance: weights_only must refuse it
+    pass
+
+
+def _write(tmp_path: Path, name: str, data: bytes) -> Path:
+    (tmp_path / name).write_bytes(data)
+    return tmp_path / name
+
+
+BAD_FILES = {
+    "text file": (lambda t: _write(t, "notes.txt", b"hello, not a checkpoint\n"), "is not a PyTorch checkpoint"),
+    "empty file": (lambda t: _write(t, "empty.pt", b""), "is not a PyTorch checkpoint"),
+    "plain pickle of a list": (lambda t: _write(t, "list.pkl", pickle.dumps([1, 2, 3])), "not a readable PyTorch"),
+    "torch file holding a list": (lambda t: (torch.save([1, 2], t / "l.pt"), t / "l.pt")[1], "holds a list, not"),
+    "pickled object": (
+        lambda t: (torch.save({"model": Opaque()}, t / "o.pt"), t / "o.pt")[1],
+        "pickled objects other than tensors",
+    ),
+    "dict without model": (lambda t: (torch.save({"x": 1}, t / "d.pt"), t / "d.pt")[1], "no `model` state dict"),
+    "missing tensor": (
+        lambda t: _edited(t, AO, lambda o: o["model"].pop("transformer.h.1.mlp.c_fc.weight")),
+        "missing: transformer.h.1.mlp.c_fc.weight",
+    ),
+    "wrong shape": (
+        lambda t: _edited(
+            t, SG, lambda o: o["model"].__setitem__("transformer.h.0.attn.c_proj.weight", torch.zeros(24, 25))
+        ),
+        "wrong shape: transformer.h.0.attn.c_proj.weight (24, 25) (expected (24, 24))",
+    ),
+    "unknown architecture": (
+        lambda t: _edited(t, SG, lambda o: o["model"].pop("transformer.wtpe.weight")),
+        "unknown architecture",
+    ),
+    "ema on a file without EMA": (lambda t: _edited(t, AO, lambda o: o.pop("ema_model")), "has no EMA weights"),
+    "EMA of the wrong length": (
+        lambda t: _edited(t, SG, lambda o: o["ema_model"]["shadow_params"].pop()),
+        "shadow_params holds 29 tensors",
+    ),
+    "no such file": (lambda t: t / "absent.pt", "does not exist"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_bad_input_is_one_error_line_and_exit_2(tmp_path, capsys, case):
+    make, message = BAD_FILES[case]
+    path = make(tmp_path)
+    assert main(["import", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    lines = error_lines(err)
+    assert len(lines) == 1 and message in lines[0], err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_refuses_a_left_to_right_gpt(tmp_path, capsys):
+    cfg = model_config("gpt", n_layer=1, n_head=2, n_embd=8, block_size=8, vocab_size=11)
+    save_checkpoint(tmp_path / "gpt", Transformer(cfg), config={"model": to_dict(cfg)})
+    assert main(["export", str(tmp_path / "gpt"), "--out", str(tmp_path / "g.pt")]) == 2
+    lines = error_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and "not a reference architecture: variant gpt" in lines[0]
+    assert not (tmp_path / "g.pt").exists()
+
+
+def test_export_without_ema_asks_for_raw(tmp_path, capsys):
+    assert main(["import", str(SG), "--out", str(tmp_path / "s"), "--weights", "raw"]) == 0
+    assert main(["export", str(tmp_path / "s"), "--out", str(tmp_path / "s.pt")]) == 2
+    assert "holds no EMA weights (pass --weights raw)" in error_lines(capsys.readouterr().err)[0]
+    assert main(["export", str(tmp_path / "s"), "--out", str(tmp_path / "s.pt"), "--weights", "raw"]) == 0
+    assert "ema_model" not in torch.load(tmp_path / "s.pt", weights_only=True)
