@@ -55,7 +55,7 @@ def count_schedule(total: int, steps: int, schedule: str = "linear") -> list[int
         cumulative = [total * k // steps for k in range(steps + 1)]
     else:
         grid = time_grid(steps, schedule)
-        cumulative = [math.floor(total * (1.0 - t)) for t in grid]
+        cumulative = [min(total, math.floor(total * (1.0 - t) + 1e-9)) for t in grid]  # 1e-9: cos(pi/3) != 0.5
         cumulative[-1] = total
     return [b - a for a, b in zip(cumulative[:-1], cumulative[1:], strict=True)]
 
