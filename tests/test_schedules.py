@@ -52,7 +52,7 @@ def test_cosine_counts_exact_values():
 def test_time_grid_and_probabilities():
     for schedule in ("linear", "cosine"):
         grid = time_grid(10, schedule)
-        assert grid[0] == 1.0 and grid[-1] == 0.0 and all(a > b for a, b in zip(grid, grid[1:]))
+        assert grid[0] == 1.0 and grid[-1] == 0.0 and all(a > b for a, b in zip(grid[:-1], grid[1:], strict=True))
         probs = unmask_probabilities(10, schedule)
         assert probs[-1] == 1.0
         # surviving every step has probability t_T / t_0 = 0; surviving the first k is t_k
