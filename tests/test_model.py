@@ -169,3 +169,22 @@ def test_float32_and_float64_agree():
     l64 = model.double()(idx, order)[1]
     assert l64.dtype == torch.float64
     torch.testing.assert_close(l32.double(), l64, rtol=0, atol=1e-5)
+
+
+def test_encoder_forward_sees_every_unmasked_token_and_no_masked_one():
+    torch.manual_seed(0)
+    model = Transformer(model_config("encoder-mdm", n_layer=2, n_head=2, n_embd=16, block_size=8,
+                                     vocab_size=V)).double().eval()
+    idx = torch.randint(V, (1, 6))
+    mask = torch.tensor([[True, False, True, False, False, True]])
+    logits, losses = model(idx, mask=mask)
+    assert logits.shape == (1, 6, V)
+    torch.testing.assert_close(losses, -F.log_softmax(logits, -1).gather(2, idx[..., None])[..., 0])
+    changed = idx.clone()
+    changed[0, 0] = (idx[0, 0] + 1) % V  # a masked position's token is invisible
+    torch.testing.assert_close(model(changed, mask=mask)[0], logits, rtol=0, atol=0)
+    changed = idx.clone()
+    changed[0, 4] = (idx[0, 4] + 1) % V  # a visible one changes every position (bidirectional)
+    assert not torch.allclose(model(changed, mask=mask)[0][0, 0], logits[0, 0])
+    with pytest.raises(AOGPTError):
+        model(idx, torch.arange(6)[None])

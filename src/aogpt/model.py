@@ -291,30 +291,43 @@ class Transformer(nn.Module):
             tokens, pos, target = tokens[:, :n], pos[:, :n], target[:, :n]
         return tokens, pos, target
 
-    def forward(self, idx: torch.Tensor, order: torch.Tensor | None = None, *, with_last_slot: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Read `idx` (B, n) in `order` (B, n; default left to right) in one causal pass.
+    def forward(self, idx: torch.Tensor, order: torch.Tensor | None = None, *, mask: torch.Tensor | None = None,
+                with_last_slot: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoder: read `idx` (B, n) in `order` (B, n; default left to right) in one causal pass.
 
         Returns logits (B, n, V), row i predicting the token at ``order[:, i]`` from the tokens at
         ``order[:, :i]`` (plus the target-less last slot if `with_last_slot`), and the per-step
-        losses (B, n) = -log p(x[order[:, i]] | ...), in float32. Their sum over i is the exact
-        negative log-likelihood of the sequence under this order.
+        losses (B, n) = -log p(x[order[:, i]] | ...), in at least float32. Their sum over i is the
+        exact negative log-likelihood of the sequence under this order.
+
+        Encoder-only MDM: `mask` (B, n) bool marks the hidden positions; returns logits (B, n, V) at
+        every position and losses (B, n) = -log p(x_j | unmasked tokens) (meaningful where masked).
         """
         cfg = self.config
-        if not cfg.causal:
-            raise AOGPTError("the encoder-only MDM has no order-wise forward", "use aogpt.encoder")
         B, n = idx.shape
         if n > cfg.block_size:
             raise AOGPTError(f"sequence length {n} exceeds the model's block size {cfg.block_size}",
                              "use shorter windows")
+        if not cfg.causal:
+            if mask is None or order is not None:
+                raise AOGPTError("the encoder-only MDM reads a masked sequence, not an order", "pass mask=")
+            pos = torch.arange(1, n + 1, device=idx.device).expand(B, n)
+            logits = self.forward_slots(idx.masked_fill(mask, -1), pos)
+            return logits, self._token_losses(logits, idx)
+        if mask is not None:
+            raise AOGPTError(f"variant {cfg.variant} reads an order, not a mask", "pass order=")
         if order is None:
             order = torch.arange(n, device=idx.device).expand(B, n)
         elif cfg.target == "none" and not bool((order == torch.arange(n, device=order.device)).all()):
             raise AOGPTError(f"variant {cfg.variant} reads left to right only", "use order l2r")
         logits = self.forward_slots(*self.slots_for_order(idx, order, with_last_slot))
-        logits_n = logits[:, :n].to(torch.promote_types(logits.dtype, torch.float32))  # fp32 under bf16
-        losses = F.cross_entropy(logits_n.flatten(0, 1), idx.gather(1, order).flatten(), reduction="none")
-        return logits, losses.view(B, n)
+        return logits, self._token_losses(logits[:, :n], idx.gather(1, order))
+
+    @staticmethod
+    def _token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Per-slot cross-entropy, computed in at least float32 (logits may be bf16 under autocast)."""
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
 
     def new_cache(self, batch: int, capacity: int | None = None) -> KVCache:
         p = next(self.parameters())
