@@ -431,7 +431,8 @@ def import_reference(
     spec = tok.spec if tok is not None else None
     config = {"model": to_dict(ref.config), "tokenizer": spec, "step": ref.iter_num, "source": source}
     stage("write")
-    save_checkpoint(out, model, config=config, ema=ref.ema if weights == "ema" else None, tokenizer=tok)
+    ema = {k: v.float() for k, v in ref.ema.items()} if weights == "ema" else None  # float32, as the raw weights
+    save_checkpoint(out, model, config=config, ema=ema, tokenizer=tok)
     return dict(
         out=str(out),
         variant=ref.variant,
