@@ -383,3 +383,17 @@ def test_missing_and_misshapen_tensors_are_all_named(tmp_path):
     ):
         assert name in text
     assert "missing" in text and "unexpected" in text and "wrong shape" in text
+
+
+def test_half_precision_file_is_stored_in_float32(tmp_path):
+    def to_bf16(obj):
+        obj["model"] = {k: v.bfloat16() for k, v in obj["model"].items()}
+        obj["ema_model"]["shadow_params"] = [t.bfloat16() for t in obj["ema_model"]["shadow_params"]]
+
+    path = _file_with(tmp_path, "ao", to_bf16)
+    import_reference(path, tmp_path / "out", warn=lambda m: None)
+    stored = load_file(str(tmp_path / "out/model.safetensors"))
+    assert {t.dtype for t in stored.values()} == {torch.float32}
+    original = torch.load(path, weights_only=True)
+    assert torch.equal(stored["raw.lm_head.bias"], original["model"]["lm_head.bias"].float())
+    assert torch.equal(stored["ema.transformer.wte.weight"], original["ema_model"]["shadow_params"][0].float())
