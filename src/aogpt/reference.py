@@ -487,9 +487,11 @@ def export_reference(
     # `config` (the training script's globals, informational): the original file's after an import, else ours.
     extra = dict(src["config"]) if isinstance(src.get("config"), dict) else _plain({**train, "model": meta["model"]})
     extra["exported_by"] = f"aogpt ({FORMAT})"
+    args = {k: getattr(cfg, k) for k in MODEL_ARGS}
+    args["dropout"] = (src.get("model_args") or {}).get("dropout", cfg.dropout)  # the training dropout, if known
     obj: dict[str, Any] = {
         "model": state,
-        "model_args": {k: getattr(cfg, k) for k in MODEL_ARGS},
+        "model_args": args,
         "iter_num": step,
         "config": extra,
     }
