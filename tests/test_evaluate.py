@@ -16,8 +16,8 @@ from torch import nn
 from aogpt.config import model_config
 from aogpt.errors import AOGPTError
 from aogpt.evaluate import (
-    ModelKind,
     _KINDS,
+    ModelKind,
     draw_seed,
     ensemble_losses,
     ensemble_nll,
