@@ -1,0 +1,81 @@
+"""Shared fixtures: a small prepared corpus, a tiny trained run, and a CLI runner."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+WORDS = ("the king queen sword crown night day love death sleep dream ghost castle sea storm "
+         "fair foul honest noble villain friend brother father mother heart blood").split()
+
+
+def make_corpus(directory: Path, docs: int = 12, words: int = 400, seed: int = 0) -> Path:
+    """A deterministic little text corpus: one document per .txt file."""
+    import random
+
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    for d in range(docs):
+        lines = []
+        for _ in range(words // 8):
+            lines.append(" ".join(rng.choice(WORDS) for _ in range(8)).capitalize() + ".")
+        (directory / f"doc{d:02d}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return directory
+
+
+@dataclass
+class CLIResult:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def json(self) -> dict:
+        return json.loads(self.out.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run `aogpt ...` in-process; returns exit code, stdout and stderr."""
+    from aogpt.cli import main
+
+    def run(*args: str) -> CLIResult:
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as exc:  # argparse --help / usage errors
+            code = exc.code if isinstance(exc.code, int) else 1
+        captured = capsys.readouterr()
+        return CLIResult(code, captured.out, captured.err)
+
+    return run
+
+
+@pytest.fixture(name="make_corpus")
+def make_corpus_fixture():
+    return make_corpus
+
+
+@pytest.fixture(scope="session")
+def bytes_data(tmp_path_factory) -> Path:
+    """A prepared directory (bytes tokenizer, ~50 KB of text) for end-to-end tests."""
+    from aogpt.data import prepare
+
+    root = tmp_path_factory.mktemp("data")
+    out = root / "prepared"
+    prepare(str(make_corpus(root / "corpus")), "bytes", out, val_fraction=0.2, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory, bytes_data) -> Path:
+    """A tiny AO-GPT trained for a few steps on `bytes_data` (a run directory with checkpoints)."""
+    from aogpt.cli import main
+
+    out = tmp_path_factory.mktemp("runs") / "tiny"
+    code = main(["train", "--preset", "tiny", "--data", str(bytes_data), "--out", str(out), "--max-steps", "6",
+                 "--no-progress"])
+    assert code == 0
+    return out
