@@ -344,9 +344,6 @@ def _check_model(model: torch.nn.Module) -> None:
     cfg = getattr(model, "config", None)
     if cfg is None or not hasattr(model, "forward_slots"):
         raise AOGPTError("generate needs an aogpt Transformer", "load one with aogpt.load(path).model")
-    if not cfg.causal:
-        raise AOGPTError(f"variant {cfg.variant} cannot generate with the decoder's KV-cache sampler",
-                         "use a gpt, sigma or aogpt checkpoint")
 
 
 def generate(model: torch.nn.Module, *, num_samples: int = 1, length: int | None = None, steps: int | None = None,
@@ -355,7 +352,7 @@ def generate(model: torch.nn.Module, *, num_samples: int = 1, length: int | None
              use_cache: bool = True, batch_size: int | None = None, dtype: torch.dtype = torch.float64,
              tokenizer: Any = None, return_text: bool | None = None, teacher_tokens: torch.Tensor | None = None,
              record_logits: bool = False, progress: Callable[[int], None] | None = None,
-             condition: Conditioning | None = None) -> GenerationResult:
+             condition: Conditioning | None = None, skip_noop: bool = True) -> GenerationResult:
     """Sample `num_samples` sequences of `length` tokens (default: the model's context).
 
     steps: T in 1..length (default: one per position to generate). policy: "bernoulli" (Lemma 4.1,
@@ -363,6 +360,8 @@ def generate(model: torch.nn.Module, *, num_samples: int = 1, length: int | None
     "linear" or "cosine" time grid. order: "random" (default), "l2r", or a permutation (n,) / (N, n).
     prompt: a prefix (text, needs `tokenizer`, or ids). teacher_tokens (N, n): feed these back instead
     of sampling (tests); record_logits keeps every query's logits. See docs/generation.md.
+    Encoder-only MDM models run `aogpt.encoder.EncoderChunk` (no cache; skip_noop: skip the forward
+    on steps that reveal nothing, docs/encoder.md).
     """
     _check_model(model)
     if condition is None:
@@ -371,7 +370,7 @@ def generate(model: torch.nn.Module, *, num_samples: int = 1, length: int | None
         raise AOGPTError("pass either a prompt or an infilling template, not both", "drop one")
     n, m = condition.length, condition.positions.numel()
     masked = n - m
-    is_ar = model.config.target == "none"
+    is_ar = model.config.target == "none" and model.config.causal
     policy = policy or ("count" if is_ar else "bernoulli")
     check_choice("policy", policy, POLICIES)
     steps = masked if steps is None else int(steps)
@@ -416,7 +415,13 @@ def generate(model: torch.nn.Module, *, num_samples: int = 1, length: int | None
                 plan = _plan(policy, schedule, steps, masked, B, gens.plan)
                 chain_d = chain.to(device)
                 teacher = None if teacher_tokens is None else teacher_tokens[start:start + B].gather(1, chain_d)
-                chunk = _Chunk(model, chain_d, known_chain, plan, use_cache, teacher, record_logits)
+                if model.config.causal:
+                    chunk = _Chunk(model, chain_d, known_chain, plan, use_cache, teacher, record_logits)
+                else:
+                    from aogpt.encoder import EncoderChunk
+
+                    chunk = EncoderChunk(model, chain_d, known_chain, plan, use_cache, teacher, record_logits,
+                                         skip_noop)
                 y = chunk.run(cfg, gens.tokens, progress)
                 tokens.append(torch.empty_like(y).scatter_(1, chain_d, y).cpu())
                 orders.append(chain)
@@ -439,7 +444,8 @@ def generate(model: torch.nn.Module, *, num_samples: int = 1, length: int | None
     timing = {"seconds": seconds, "tokens_per_second": num_samples * masked / max(seconds, 1e-9), **stats}
     settings = {"num_samples": num_samples, "length": n, "known_tokens": m, "steps": steps, "policy": policy,
                 "schedule": schedule, "order": order if isinstance(order, str) else "given", "seed": int(seed),
-                "use_cache": use_cache, "batch_size": batch_size, "variant": model.config.variant,
+                "use_cache": use_cache and model.config.causal, "batch_size": batch_size,
+                "variant": model.config.variant,
                 **cfg.to_dict()}
     return GenerationResult(out_tokens, torch.cat(orders), torch.cat(plans), known_mask, texts, timing, settings,
                             torch.cat(logits) if logits else None)
