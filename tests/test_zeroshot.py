@@ -161,6 +161,8 @@ def test_suite_names() -> None:
     assert zeroshot.names("offline,ptb, ptb") == ["shakespeare", "wiki-excerpt", "ptb"]
     with pytest.raises(AOGPTError):
         zeroshot.names(" , ")
+    with pytest.raises(AOGPTError, match="unknown evaluation set 'imdb'"):
+        zeroshot.names("ptb,imdb")
     assert all(zeroshot.SUITES[s].split != "train" for s in zeroshot.SUITES)
 
 

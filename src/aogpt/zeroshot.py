@@ -175,6 +175,10 @@ def names(spec: str) -> list[str]:
             out.append(part)
     if not out:
         raise AOGPTError(f"no evaluation set named in {spec!r}", f"use e.g. {','.join(PAPER_SUITES)}")
+    unknown = [n for n in out if n not in SUITES and n not in STAND_INS]
+    if unknown:
+        raise AOGPTError(f"unknown evaluation set {unknown[0]!r}",
+                         f"use one of: {', '.join((*SUITES, *STAND_INS))}, paper, offline")
     return list(dict.fromkeys(out))
 
 
@@ -224,6 +228,19 @@ def load_hub(suite: Suite) -> list[str]:
             errors.append(f"{path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
     raise AOGPTError(f"cannot load {suite.name} from the Hugging Face hub ({'; '.join(errors)})",
                      "pass --data-dir with local files (docs/evaluation.md)")
+
+
+def file_examples(path: Path) -> list[str]:
+    """Every document of a local ``.txt``/``.jsonl`` file or folder, unsplit (read by `aogpt.corpora`'s
+    rules: a text file is one document, a JSONL line one document)."""
+    from aogpt.corpora import _file_docs, _local_files  # its reader, without the train/val split
+
+    docs: list[str] = []
+    for p in _local_files(Path(path)):
+        docs += _file_docs(p, "text", "file", {}, p.name)
+    if not docs:
+        raise AOGPTError(f"{path} contains no text", "give a non-empty file or folder")
+    return docs
 
 
 def load_examples(name: str, data_dir: Path | None = None) -> tuple[list[str], dict[str, Any]]:

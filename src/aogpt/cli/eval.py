@@ -112,9 +112,7 @@ def _dataset(spec: str, loaded: Any, args: argparse.Namespace, block_len: int) -
     if spec in zeroshot.SUITES or spec in zeroshot.STAND_INS:
         blocks, info = zeroshot.load_blocks(spec, loaded.tokenizer, block_len, wrap=args.wrap, data_dir=args.data_dir)
     elif path.exists():
-        from aogpt.corpora import load_corpus
-
-        texts = list(load_corpus(str(path)).documents())
+        texts = zeroshot.file_examples(path)
         blocks = zeroshot.pack(loaded.tokenizer.encode_batch(texts), block_len, loaded.tokenizer.eot_id, args.wrap)
         info = {"source": str(path), "split": "all", "examples": len(texts), "block_len": block_len, "wrap": args.wrap}
         if blocks.shape[0] == 0:
