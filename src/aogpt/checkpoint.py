@@ -35,16 +35,10 @@ CKPT_PREFIX = "ckpt-"
 
 
 def unique_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The state dict without aliases (a tied head shares the embedding's storage)."""
-    seen: set[int] = set()
-    out = {}
-    for name, tensor in model.state_dict().items():
-        key = tensor.untyped_storage().data_ptr()
-        if key in seen:
-            continue
-        seen.add(key)
-        out[name] = tensor
-    return out
+    """The state dict without aliases: a tied head is the embedding's parameter, stored once."""
+    names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
+    state = model.state_dict()
+    return {n: state[n] for n in names if n in state}
 
 
 def checkpoint_name(step: int) -> str:
@@ -53,11 +47,17 @@ def checkpoint_name(step: int) -> str:
 
 def save_checkpoint(directory: Path, model: torch.nn.Module, *, config: dict[str, Any],
                     ema: dict[str, torch.Tensor] | None = None, trainer_state: dict[str, Any] | None = None,
-                    tokenizer: Any = None) -> Path:
-    """Write a checkpoint directory atomically. `config` must hold "model" (a dict) at least."""
+                    tokenizer: Any = None, raw: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write a checkpoint directory atomically. `config` must hold "model" (a dict) at least.
+
+    `raw` (and `ema`) may be full state dicts gathered elsewhere (FSDP); only the names of
+    `unique_state(model)` are stored.
+    """
     directory = Path(directory)
+    names = unique_state(model).keys()
+    raw = unique_state(model) if raw is None else raw
     with atomic_dir(directory) as tmp:
-        tensors = {f"raw.{k}": v.detach().cpu().contiguous() for k, v in unique_state(model).items()}
+        tensors = {f"raw.{k}": raw[k].detach().cpu().contiguous() for k in names}
         if ema is not None:
             tensors.update({f"ema.{k}": v.detach().cpu().contiguous() for k, v in ema.items()
                             if f"raw.{k}" in tensors})

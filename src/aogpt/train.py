@@ -321,12 +321,35 @@ class Trainer:
         return results
 
     # ------------------------------------------------------------------ checkpoints
+    # Under FSDP the weights and optimizer state are sharded: gather full copies (a collective on
+    # every rank) for checkpoints; otherwise plain state dicts, which keep CPU resumes bit-exact.
+    def _full_state(self, module: nn.Module) -> dict[str, torch.Tensor]:
+        if not self.cfg.fsdp:
+            return module.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        if not self.cfg.fsdp:
+            return self.optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.raw, self.optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def _load_full_state(self, module: nn.Module, state: dict[str, torch.Tensor]) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(module, state, options=StateDictOptions(full_state_dict=True, strict=False))
+
     def state_for_resume(self) -> dict[str, Any]:
         return {
             "step": self.step,
             "tokens_seen": self.tokens_seen,
             "train_seconds": self.train_seconds,
-            "optimizer": self.optimizer.state_dict(),
+            "sharding": "fsdp" if self.cfg.fsdp else "replicated",
+            "optimizer": self._optimizer_state(),
             "ema_updates": self.ema.num_updates,
             "data_gen": self.data_gen.get_state(),
             "order_gen": self.order_gen.get_state(),
@@ -335,7 +358,8 @@ class Trainer:
 
     def save(self) -> Path | None:
         """Write `ckpt-<step>` (rank 0 only), atomically, and keep the last `keep_last`."""
-        distributed.barrier(self.info)
+        raw, ema = self._full_state(self.raw), self._full_state(self.ema.model)
+        trainer_state = self.state_for_resume()
         path = None
         if self.info.is_main and self.out is not None:
             config = {
@@ -363,17 +387,29 @@ class Trainer:
         """Restore weights, EMA, optimizer and the data/order/dropout streams from a checkpoint."""
         read_config(ckpt)
         tensors = read_weights(ckpt)
-        load_state_into(self.raw, weights_of(tensors, "raw"), where=str(ckpt))
+        raw, ema = weights_of(tensors, "raw"), {**weights_of(tensors, "raw"), **weights_of(tensors, "ema")}
         state_path = ckpt / "trainer.pt"
         try:
             state = torch.load(state_path, map_location="cpu", weights_only=True)
         except Exception as exc:  # noqa: BLE001 - any failure to read means a damaged file
-            raise AOGPTError(
-                f"trainer state {state_path} is missing or corrupted ({type(exc).__name__})",
-                "resume from an earlier checkpoint with --resume-from",
-            ) from None
-        self.ema.load_state_dict({**weights_of(tensors, "raw"), **weights_of(tensors, "ema")}, state["ema_updates"])
-        self.optimizer.load_state_dict(state["optimizer"])
+            raise AOGPTError(f"trainer state {state_path} is missing or corrupted ({type(exc).__name__})",
+                             "resume from an earlier checkpoint with --resume-from") from None
+        sharding = "fsdp" if self.cfg.fsdp else "replicated"
+        if state.get("sharding", "replicated") != sharding:
+            raise AOGPTError(f"{ckpt} was written with {state.get('sharding')} optimizer state, this run is {sharding}",
+                             "resume with the same --fsdp setting")
+        if self.cfg.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            self._load_full_state(self.raw, raw)
+            self._load_full_state(self.ema.model, ema)
+            set_optimizer_state_dict(self.raw, self.optimizer, state["optimizer"],
+                                     options=StateDictOptions(full_state_dict=True))
+        else:
+            load_state_into(self.raw, raw, where=str(ckpt))
+            self.ema.load_state_dict(ema, state["ema_updates"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.ema.num_updates = int(state["ema_updates"])
         self.data_gen.set_state(state["data_gen"])
         self.order_gen.set_state(state["order_gen"].to(self.order_gen.get_state().device))
         torch.set_rng_state(state["torch_rng"])
