@@ -1,8 +1,7 @@
-"""`aogpt import` / `aogpt export` end to end through `aogpt.cli.main`: success, --json, bad input."""
+"""`aogpt import` / `aogpt export` end to end through `aogpt.cli.main` (conftest `cli`): success, --json, errors."""
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import re
@@ -13,7 +12,6 @@ import torch
 
 import aogpt
 from aogpt.checkpoint import save_checkpoint
-from aogpt.cli import main
 from aogpt.config import model_config, to_dict
 from aogpt.model import Transformer
 
@@ -47,42 +45,38 @@ def logits_of(path: Path, weights: str = "ema") -> torch.Tensor:
         return model(idx, order, with_last_slot=True)[0]
 
 
-def test_import_export_import_through_the_cli(tmp_path, capsys):
-    assert main(["import", str(AO), "--out", str(tmp_path / "a"), "--json"]) == 0
-    out, err = capsys.readouterr()
-    summary = json.loads(out.strip().splitlines()[-1])  # the JSON summary is the last stdout line
+def test_import_export_import_through_the_cli(tmp_path, cli):
+    res = cli("import", AO, "--out", tmp_path / "a", "--json")
+    assert res.code == 0
+    summary = res.json  # the JSON summary is the last stdout line
     assert summary["command"] == "import" and summary["variant"] == "aogpt" and summary["params"] == 67_629
-    assert summary["ema_stored"] and summary["step"] == 20 and "warning: " in err  # vocab 101: no tokenizer
+    assert summary["ema_stored"] and summary["step"] == 20 and "warning: " in res.err  # vocab 101: no tokenizer
 
-    assert (
-        main(["export", str(tmp_path / "a"), "--format", "reference", "--out", str(tmp_path / "a.pt"), "--json"]) == 0
-    )
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["command"] == "export" and summary["keys"] == 37 and summary["shadow_params"] == 37
+    res = cli("export", tmp_path / "a", "--format", "reference", "--out", tmp_path / "a.pt", "--json")
+    assert res.code == 0
+    assert res.json["command"] == "export" and res.json["keys"] == 37 and res.json["shadow_params"] == 37
 
-    assert main(["import", str(tmp_path / "a.pt"), "--out", str(tmp_path / "b"), "--tokenizer", "none"]) == 0
+    assert cli("import", tmp_path / "a.pt", "--out", tmp_path / "b", "--tokenizer", "none").code == 0
     for weights in ("ema", "raw"):
         assert torch.equal(logits_of(tmp_path / "a", weights), logits_of(tmp_path / "b", weights))
     assert not torch.equal(logits_of(tmp_path / "a", "ema"), logits_of(tmp_path / "a", "raw"))
 
 
-def test_import_raw_weights_and_overwrite(tmp_path, capsys):
-    out = str(tmp_path / "s")
-    assert main(["import", str(SG), "--out", out, "--weights", "raw"]) == 0
-    assert "raw weights" in capsys.readouterr().out
-    assert main(["import", str(SG), "--out", out]) == 2  # exists
-    assert "already exists" in error_lines(capsys.readouterr().err)[0]
-    assert main(["import", str(SG), "--out", out, "--overwrite"]) == 0
+def test_import_raw_weights_and_overwrite(tmp_path, cli):
+    out = tmp_path / "s"
+    res = cli("import", SG, "--out", out, "--weights", "raw")
+    assert res.code == 0 and "raw weights" in res.out
+    res = cli("import", SG, "--out", out)  # exists
+    assert res.code == 2 and "already exists" in error_lines(res.err)[0]
+    assert cli("import", SG, "--out", out, "--overwrite").code == 0
     assert aogpt.load(out).weights == "ema"  # now with the EMA stored
 
 
 @pytest.mark.parametrize("command", ["import", "export"])
-def test_help(command, capsys):
-    with pytest.raises(SystemExit) as exc:
-        main([command, "--help"])
-    assert exc.value.code == 0
-    text = capsys.readouterr().out
-    assert "--weights" in text and "--json" in text and "--seed" in text
+def test_help(command, cli):
+    res = cli(command, "--help")
+    assert res.code == 0
+    assert "--weights" in res.out and "--json" in res.out and "--seed" in res.out
 
 
 def _edited(tmp_path: Path, source: Path, edit) -> Path:
@@ -136,29 +130,27 @@ BAD_FILES = {
 
 
 @pytest.mark.parametrize("case", list(BAD_FILES))
-def test_bad_input_is_one_error_line_and_exit_2(tmp_path, capsys, case):
+def test_bad_input_is_one_error_line_and_exit_2(tmp_path, cli, case):
     make, message = BAD_FILES[case]
-    path = make(tmp_path)
-    assert main(["import", str(path), "--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err
-    lines = error_lines(err)
-    assert len(lines) == 1 and message in lines[0], err
-    assert "Traceback" not in err
+    res = cli("import", make(tmp_path), "--out", tmp_path / "out")
+    lines = error_lines(res.err)
+    assert res.code == 2 and len(lines) == 1 and message in lines[0], res.err
+    assert "Traceback" not in res.err
     assert not (tmp_path / "out").exists()
 
 
-def test_export_refuses_a_left_to_right_gpt(tmp_path, capsys):
+def test_export_refuses_a_left_to_right_gpt(tmp_path, cli):
     cfg = model_config("gpt", n_layer=1, n_head=2, n_embd=8, block_size=8, vocab_size=11)
     save_checkpoint(tmp_path / "gpt", Transformer(cfg), config={"model": to_dict(cfg)})
-    assert main(["export", str(tmp_path / "gpt"), "--out", str(tmp_path / "g.pt")]) == 2
-    lines = error_lines(capsys.readouterr().err)
-    assert len(lines) == 1 and "not a reference architecture: variant gpt" in lines[0]
+    res = cli("export", tmp_path / "gpt", "--out", tmp_path / "g.pt")
+    lines = error_lines(res.err)
+    assert res.code == 2 and len(lines) == 1 and "not a reference architecture: variant gpt" in lines[0]
     assert not (tmp_path / "g.pt").exists()
 
 
-def test_export_without_ema_asks_for_raw(tmp_path, capsys):
-    assert main(["import", str(SG), "--out", str(tmp_path / "s"), "--weights", "raw"]) == 0
-    assert main(["export", str(tmp_path / "s"), "--out", str(tmp_path / "s.pt")]) == 2
-    assert "holds no EMA weights (pass --weights raw)" in error_lines(capsys.readouterr().err)[0]
-    assert main(["export", str(tmp_path / "s"), "--out", str(tmp_path / "s.pt"), "--weights", "raw"]) == 0
+def test_export_without_ema_asks_for_raw(tmp_path, cli):
+    assert cli("import", SG, "--out", tmp_path / "s", "--weights", "raw").code == 0
+    res = cli("export", tmp_path / "s", "--out", tmp_path / "s.pt")
+    assert res.code == 2 and "holds no EMA weights (pass --weights raw)" in error_lines(res.err)[0]
+    assert cli("export", tmp_path / "s", "--out", tmp_path / "s.pt", "--weights", "raw").code == 0
     assert "ema_model" not in torch.load(tmp_path / "s.pt", weights_only=True)
