@@ -370,14 +370,8 @@ class Trainer:
                 "last_eval": self.last_eval,
                 **self.run_meta,
             }
-            path = save_checkpoint(
-                self.out / checkpoint_name(self.step),
-                self.raw,
-                config=config,
-                ema=self.ema.state_dict(),
-                trainer_state=self.state_for_resume(),
-                tokenizer=self.tokenizer,
-            )
+            path = save_checkpoint(self.out / checkpoint_name(self.step), self.raw, config=config, raw=raw,
+                                   ema=ema, trainer_state=trainer_state, tokenizer=self.tokenizer)
             prune_checkpoints(self.out, self.cfg.keep_last)
         distributed.barrier(self.info)
         self.last_checkpoint = path or self.last_checkpoint
