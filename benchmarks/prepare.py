@@ -2,7 +2,8 @@
 
 Each run starts cold inside this process: the GPT-2 encoding is rebuilt from its files and the plays
 are re-read and re-cleaned, so the figure is what `aogpt prepare` costs minus interpreter start-up
-and imports. Also times the stages separately (cleaning, tokenizer build, encoding) for one run.
+and imports. Also prints the CPU time (a figure that other load on the machine inflates less than
+wall time; compare it with the load average shown) and times the stages separately for one run.
 
     python benchmarks/prepare.py [--runs 5] [--tokenizer gpt2] [--corpus shakespeare] [--json]
 """
@@ -42,13 +43,14 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    times, meta = [], {}
+    times, cpu, meta = [], [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.runs):
             tk._gpt2_encoding.cache_clear()
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             meta = prepare(args.corpus, args.tokenizer, Path(tmp) / f"run{i}", progress=False)
             times.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)
     stages = _stages(args.corpus, args.tokenizer)
     tokens = meta["splits"]["train"]["tokens"] + meta["splits"]["val"]["tokens"]
     median = statistics.median(times)
@@ -59,6 +61,8 @@ def main() -> None:
         "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "runs_s": [round(t, 3) for t in times],
         "median_s": round(median, 3),
+        "median_cpu_s": round(statistics.median(cpu), 3),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
         "target_s": 10.0,
         "median_over_target": round(median / 10.0, 3),
         "tokens": tokens,
@@ -67,6 +71,7 @@ def main() -> None:
     }
     print(f"prepare {args.corpus} --tokenizer {args.tokenizer}: median {median:.2f} s over {args.runs} runs")
     print(f"  {tokens:,} tokens, {tokens / median / 1e6:.2f} M tokens/s, {result['cpus']} CPUs; target 10 s")
+    print(f"  CPU time (all threads) median {result['median_cpu_s']:.2f} s; load average {result['load_avg_1m']}")
     print("  stages: " + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()))
     if args.json:
         print(json.dumps(result))
