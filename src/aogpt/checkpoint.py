@@ -183,7 +183,7 @@ def load(path: str | Path, weights: str = "ema", device: str | torch.device = "c
         raise AOGPTError(f"{ckpt} holds no {weights} weights", "pass --weights raw" if weights == "ema" else "")
     if weights == "ema":  # buffers and any entry without an EMA copy come from the raw weights
         state = {**weights_of(tensors, "raw"), **state}
-    model = Transformer(mcfg)
+    model = Transformer.empty(mcfg)
     load_state_into(model, state, where=f"{ckpt}/model.safetensors")
     model.to(device=device, dtype=dtype).eval()
     tokenizer = None

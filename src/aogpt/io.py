@@ -51,10 +51,17 @@ def atomic_dir(final: Path, overwrite: bool = True) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would make shared checkpoints unreadable
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -199,6 +199,16 @@ class Transformer(nn.Module):
         self.reset_parameters()
 
     # ------------------------------------------------------------------ setup
+    @classmethod
+    def empty(cls, cfg: ModelConfig, device: torch.device | str = "cpu") -> Transformer:
+        """A model with uninitialised storage (no random init): for loading weights into, fast."""
+        with torch.device("meta"):
+            model = cls(cfg)
+        model.to_empty(device=device)
+        if cfg.tie_head:
+            model.lm_head.weight = model.transformer.wte.weight
+        return model
+
     def reset_parameters(self) -> None:
         """GPT-2 initialisation; residual projections scaled by 1/sqrt(2 * n_layer); adaLN-Zero."""
         std = 0.02
