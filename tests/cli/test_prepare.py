@@ -6,53 +6,43 @@ import json
 
 import pytest
 
-from aogpt import cli
+import aogpt.cli
 
 
 @pytest.fixture(autouse=True)
 def only_prepare(monkeypatch: pytest.MonkeyPatch) -> None:
     """Build the parser with this command alone, so these tests do not depend on the others."""
-    monkeypatch.setattr(cli, "COMMANDS", ["prepare"])
+    monkeypatch.setattr(aogpt.cli, "COMMANDS", ["prepare"])
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    rc = cli.main(["prepare", *argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def test_prepare_json_summary(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_prepare_json_summary(tmp_path, cli) -> None:
     corpus = tmp_path / "c.txt"
     corpus.write_text("".join(f"line {i}\n" for i in range(200)))
-    rc, out, err = run(capsys, "--corpus", str(corpus), "--tokenizer", "bytes", "--out", str(tmp_path / "o"), "--json")
-    assert rc == 0, err
-    summary = json.loads(out.strip().splitlines()[-1])
+    r = cli("prepare", "--corpus", corpus, "--tokenizer", "bytes", "--out", tmp_path / "o", "--json")
+    assert r.code == 0, r.err
+    summary = r.json
     n = len(corpus.read_text())
     assert summary["train_tokens"] + summary["val_tokens"] == n + 2  # one EOT per part of the cut document
     assert summary["train_documents"] == summary["val_documents"] == 1
     assert summary["tokenizer"] == "bytes" and summary["dtype"] == "uint16" and summary["out"] == str(tmp_path / "o")
     assert summary["seconds"] >= 0
-    assert "train" in out and (tmp_path / "o" / "meta.json").is_file()
+    assert "train" in r.out and (tmp_path / "o" / "meta.json").is_file()
 
 
-def test_prepare_defaults(tmp_path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prepare_defaults(tmp_path, cli, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"body": f"text {i}"}) + "\n" for i in range(30)))
-    rc, out, err = run(
-        capsys, "--corpus", "docs.jsonl", "--text-field", "body", "--val-fraction", "0.1", "--no-progress"
-    )
-    assert rc == 0, err
+    r = cli("prepare", "--corpus", "docs.jsonl", "--text-field", "body", "--val-fraction", "0.1", "--no-progress")
+    assert r.code == 0, r.err
     meta = json.loads((tmp_path / "data" / "docs-bpe4096" / "meta.json").read_text())
     assert meta["tokenizer"] == "bpe:4096" and meta["splits"]["val"]["documents"] == 3
     assert meta["options"] == {"text_field": "body", "txt_docs": "file"} and meta["seed"] == 1337
 
 
-def test_help(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as info:
-        cli.main(["prepare", "--help"])
-    assert info.value.code == 0
-    out = capsys.readouterr().out
-    assert "shakespeare" in out and "--val-fraction" in out and "bpe:N" in out
+def test_help(cli) -> None:
+    r = cli("prepare", "--help")
+    assert r.code == 0
+    assert "shakespeare" in r.out and "--val-fraction" in r.out and "bpe:N" in r.out
 
 
 def _bad_inputs(tmp_path) -> list[tuple[list[str], str]]:
@@ -80,14 +70,11 @@ def _bad_inputs(tmp_path) -> list[tuple[list[str], str]]:
     ]
 
 
-def test_bad_input_is_one_line_exit_2(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_input_is_one_line_exit_2(tmp_path, cli) -> None:
     for argv, message in _bad_inputs(tmp_path):
-        try:
-            rc, _, err = run(capsys, *argv)
-        except SystemExit as exc:  # argparse's own errors exit from inside the parser
-            rc, (_, err) = exc.code, capsys.readouterr()
-        assert rc == 2, argv
-        assert err.startswith("error: ") and err.count("\n") == 1, err
-        assert message in err and "Traceback" not in err, err
+        r = cli("prepare", *argv)
+        assert r.code == 2, argv
+        assert r.err.startswith("error: ") and r.err.count("\n") == 1, r.err
+        assert message in r.err and "Traceback" not in r.err, r.err
     assert (tmp_path / "foreign" / "keep.txt").read_text() == "keep"
     assert not (tmp_path / "o").exists()
