@@ -10,7 +10,7 @@ import torch
 from scipy import stats
 
 from aogpt.errors import AOGPTError
-from aogpt.sampling import SamplingConfig, probabilities, sample_tokens, top_k_filter, top_p_filter
+from aogpt.sampling import SamplingConfig, categorical, probabilities, sample_tokens, top_k_filter, top_p_filter
 
 FIXTURE = Path("/work/shared/fixtures/reference-checkpoints/expected.npz")
 
@@ -108,3 +108,25 @@ def test_top_k_keeps_ties_and_k_largest():
 def test_bad_sampling_settings(kw, match):
     with pytest.raises(AOGPTError, match=match):
         SamplingConfig(**kw).validate()
+
+
+def test_top_p_mask_brute_force_and_ties():
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        logits = torch.randn(4, 50, generator=gen, dtype=torch.float64) * 3
+        logits[:, 10:14] = logits[:, 10:11]  # exact ties
+        probs = torch.softmax(logits, -1)
+        for p in (0.05, 0.5, 0.9, 0.999):
+            got = top_p_filter(probs, p).numpy()
+            for row, pr in zip(got, probs.numpy(), strict=True):
+                np.testing.assert_allclose(row, brute_top_p(pr, p), atol=1e-14)
+    tied = torch.tensor([[0.3, 0.3, 0.3, 0.1]], dtype=torch.float64)
+    assert (top_p_filter(tied, 0.65) > 0).tolist() == [[True, True, False, False]]  # lowest ids win ties
+
+
+def test_categorical_never_draws_zero_weights():
+    w = torch.tensor([[0.0, 2.0, 0.0, 1.0, 0.0, 0.0]], dtype=torch.float64).expand(30000, 6)
+    draws = categorical(w, torch.Generator().manual_seed(0))
+    counts = np.bincount(draws.numpy(), minlength=6)
+    assert counts[[0, 2, 4, 5]].sum() == 0
+    assert stats.chisquare(counts[[1, 3]], [20000, 10000]).pvalue > 1e-3
