@@ -36,7 +36,7 @@ from aogpt.evaluate import ModelKind, register_kind
 from aogpt.sampling import SamplingConfig, sample_tokens
 
 __all__ = ["draw_masks", "masked_diffusion_loss", "weighted_losses", "order_nll", "mc_bound",
-           "validation_losses", "EncoderChunk"]
+           "validation_losses", "l2r_cut_estimate", "any_cut_estimate", "EncoderChunk", "generate"]
 
 
 def _core(model: nn.Module) -> nn.Module:
@@ -75,7 +75,7 @@ def weighted_losses(losses: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(n/k) * mask * loss per position (B, n), k = masked count per row: row sums are unbiased
     per-sequence AO-AR losses, the mean over all entries is the per-token loss."""
     n = mask.shape[1]
-    k = mask.sum(dim=1, keepdim=True).clamp(min=1)
+    k = mask.sum(dim=1, keepdim=True).clamp(min=1).to(losses.dtype)
     return torch.where(mask, losses, torch.zeros((), dtype=losses.dtype, device=losses.device)) * (n / k)
 
 
@@ -149,31 +149,41 @@ def _content_seed(idx: torch.Tensor) -> int:
     return zlib.crc32(idx.detach().to("cpu", torch.int64).numpy().tobytes()) + 0x5EED
 
 
+def l2r_cut_estimate(model: nn.Module, idx: torch.Tensor, cut: torch.Tensor) -> torch.Tensor:
+    """n * -log p(x_i | x_<i) at i = cut (B,), positions >= i masked: averaged over all i this is
+    exactly the left-to-right NLL of each sequence."""
+    n = idx.shape[1]
+    mask = torch.arange(n, device=idx.device)[None, :] >= cut[:, None]
+    _, losses = model(idx, mask=mask)
+    return n * losses.gather(1, cut[:, None])[:, 0]
+
+
+def any_cut_estimate(model: nn.Module, idx: torch.Tensor, order: torch.Tensor, cut: torch.Tensor) -> torch.Tensor:
+    """n/(n-i) * the summed losses of positions order[i:] (masked), i = cut (B,): averaged over i and
+    uniform orders this is exactly the any-order loss."""
+    mask = _inverse(order.to(idx.device)) >= cut[:, None]
+    _, losses = model(idx, mask=mask)
+    return weighted_losses(losses, mask).sum(dim=1)
+
+
 @torch.no_grad()
 def validation_losses(model: nn.Module, idx: torch.Tensor, order: torch.Tensor,
                       generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Unbiased estimates of the summed (over the batch) left-to-right NLL and any-order loss, two
-    forwards per sequence (exact versions cost n forwards: `order_nll`, `aogpt eval`).
+    forwards per sequence (the exact versions cost n forwards: `order_nll`, `aogpt eval`).
 
-    One cut i ~ U{0..n-1} per sequence and estimator:
-    * left to right: positions >= i masked, n * -log p(x_i | x_<i);
-    * any order: positions order[i:] masked, n/(n-i) * the sum of their losses, unbiased for
-      E_sigma sum_i -log p(x_sigma_i | x_sigma_<i) when `order` is uniform (the trainer's).
-    Without `generator` the cuts come from a seed derived from the batch, so the same weights and data
-    give the same numbers every time. `model` may be DDP-wrapped (called as ``model(idx, mask=...)``).
+    One random cut i ~ U{0..n-1} per sequence and estimator (`l2r_cut_estimate`,
+    `any_cut_estimate`); the any-order one is unbiased when `order` is uniform (the trainer's).
+    Without `generator` the cuts come from a seed derived from the batch's tokens, so the same weights
+    and data give the same numbers every time. `model` may be DDP-wrapped.
     """
     _check_encoder(model)
     B, n = idx.shape
-    dev = idx.device
     gen = generator or torch.Generator().manual_seed(_content_seed(idx))
-    cuts = torch.randint(0, n, (2, B), generator=gen, device=gen.device).to(dev)
-    ar = torch.arange(n, device=dev)
-    l2r_mask = ar[None, :] >= cuts[0][:, None]
-    _, l2r_losses = model(idx, mask=l2r_mask)
-    l2r = n * l2r_losses.gather(1, cuts[0][:, None]).sum()
-    any_mask = _inverse(order.to(dev)) >= cuts[1][:, None]
-    _, any_losses = model(idx, mask=any_mask)
-    return l2r.float(), weighted_losses(any_losses, any_mask).sum().float()
+    cuts = torch.randint(0, n, (2, B), generator=gen, device=gen.device).to(idx.device)
+    l2r = l2r_cut_estimate(model, idx, cuts[0]).sum()
+    anyo = any_cut_estimate(model, idx, order, cuts[1]).sum()
+    return l2r, anyo
 
 
 register_kind("encoder-mdm", ModelKind("encoder-mdm", order_nll, mc_bound, any_order=True, ensemble=False))
