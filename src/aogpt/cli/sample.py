@@ -1,0 +1,159 @@
+"""`aogpt sample`: unconditional samples, prompts and infilling from a checkpoint, with the KV-cache
+generator (`aogpt.generate`). Behaviour and decisions: docs/generation.md."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import torch
+
+from aogpt.cli.common import add_common, emit_json, progress
+from aogpt.errors import AOGPTError
+
+HELP = "sample text from a checkpoint: unconditional, continuing a prompt, or filling [MASK:k] blanks"
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("sample", help=HELP, description=HELP + " (see docs/generation.md)")
+    p.add_argument("--checkpoint", metavar="RUN", required=True,
+                   help="run directory (its newest checkpoint) or a ckpt-* directory")
+    p.add_argument("--num-samples", "-n", type=int, default=1, help="how many samples (default 1)")
+    p.add_argument("--length", type=int, default=None,
+                   help="tokens per sample, prompt or template included (default: the model's context; "
+                   "with --infill: the template's length, more appends blanks at the end)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="generation steps T, 1..length (default: one per generated token)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--prompt", default=None, help="text to continue (a prefix, kept as is)")
+    g.add_argument("--infill", metavar="TEMPLATE", default=None,
+                   help="text with blanks: [MASK] is one token, [MASK:k] k tokens; the rest is never changed")
+    g.add_argument("--known", metavar="POS=ID,...", default=None,
+                   help="explicit known tokens as position=token-id pairs (needs --length); the rest is generated")
+    p.add_argument("--policy", choices=("bernoulli", "count"), default=None,
+                   help="bernoulli: Lemma 4.1, each masked position revealed with prob. (t-s)/t (default for "
+                   "any-order models); count: a fixed number per step (the reference code's rule; gpt)")
+    p.add_argument("--schedule", choices=("linear", "cosine"), default="linear", help="time grid (default linear)")
+    p.add_argument("--order", default=None,
+                   help="unmasking order: random (default), l2r, or a comma-separated permutation of positions")
+    p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature, > 0 (default 1.0)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold in (0, 1] (default 1.0: off)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: off)")
+    p.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    p.add_argument("--float32-sampling", action="store_true",
+                   help="draw tokens in float32 (default float64: float32 lowers the effective temperature)")
+    p.add_argument("--batch-size", type=int, default=32, help="sequences decoded together (default 32)")
+    p.add_argument("--weights", choices=("ema", "raw"), default="ema", help="EMA (default) or raw weights")
+    p.add_argument("--no-cache", action="store_true",
+                   help="recompute every slot at every step instead of using the KV cache (slow; for comparison)")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_common(p)
+    p.set_defaults(func=run)
+
+
+def _device(spec: str) -> torch.device:
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(spec)
+    except RuntimeError:
+        raise AOGPTError(f"unknown device {spec!r}", "use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise AOGPTError("CUDA is not available on this machine", "use --device cpu")
+    return dev
+
+
+def _int_list(text: str, what: str, fix: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise AOGPTError(f"cannot read {what} {text!r}", fix) from None
+
+
+def _order(spec: str | None) -> Any:
+    if spec is None or spec in ("random", "l2r"):
+        return spec
+    if spec.replace(",", "").replace(" ", "").isdigit():
+        return torch.tensor(_int_list(spec, "order", "list positions as 0,2,1,..."))
+    raise AOGPTError(f"unknown order {spec!r}", "use random, l2r or a comma-separated permutation like 2,0,1")
+
+
+def _known(spec: str, length: int | None) -> dict[int, int]:
+    if length is None:
+        raise AOGPTError("--known needs the output --length", "add --length N")
+    out: dict[int, int] = {}
+    for part in spec.replace(" ", "").split(","):
+        pos, sep, tok = part.partition("=")
+        if not (sep and pos.isdigit() and tok.isdigit()):
+            raise AOGPTError(f"cannot read known token {part!r}", "write POS=ID pairs, e.g. --known 0=12,5=7")
+        out[int(pos)] = int(tok)
+    return out
+
+
+def _describe(s: dict[str, Any], weights: str) -> str:
+    parts = [f"{s['variant']}", f"{s['num_samples']} sample(s) x {s['length']} tokens"]
+    if s["known_tokens"]:
+        parts.append(f"{s['known_tokens']} given")
+    parts += [f"{s['steps']} steps ({s['policy']}, {s['schedule']})", f"order {s['order']}",
+              "greedy" if s["greedy"] else f"temperature {s['temperature']:g}, top-p {s['top_p']:g}, "
+              f"top-k {s['top_k']}", f"seed {s['seed']}", f"{weights} weights",
+              "KV cache" if s["use_cache"] else "no cache"]
+    return "settings: " + ", ".join(parts)
+
+
+class _LazyBar:
+    """A progress bar that appears with the first generated tokens, so input errors print alone."""
+
+    def __init__(self, disable: bool):
+        self.disable, self.bar = disable, None
+
+    def __call__(self, tokens: int) -> None:
+        if self.bar is None:
+            self.bar = progress(desc="sampling", unit="tok", disable=self.disable)
+        self.bar.update(tokens)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    from aogpt.checkpoint import load
+    from aogpt.generate import generate, infill
+
+    device = _device(args.device)
+    loaded = load(args.checkpoint, weights=args.weights, device=device)
+    if loaded.tokenizer is None:
+        raise AOGPTError(f"checkpoint {loaded.path} has no tokenizer to decode samples", "re-save it with one")
+    kwargs: dict[str, Any] = dict(
+        num_samples=args.num_samples, steps=args.steps, policy=args.policy, schedule=args.schedule,
+        order=_order(args.order), temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        greedy=args.greedy, seed=args.seed, use_cache=not args.no_cache, batch_size=args.batch_size,
+        dtype=torch.float32 if args.float32_sampling else torch.float64, tokenizer=loaded.tokenizer,
+    )
+    template = args.infill if args.infill is not None else _known(args.known, args.length) if args.known else None
+    n_out = args.length or loaded.config.block_size
+    bar = _LazyBar(args.no_progress)
+    kwargs["progress"] = bar
+    try:
+        if template is not None:
+            res = infill(loaded.model, template, length=args.length, **kwargs)
+        else:
+            res = generate(loaded.model, prompt=args.prompt or None, length=n_out, **kwargs)
+    finally:
+        bar.close()
+    print(_describe(res.settings, args.weights), file=sys.stderr)
+    t = res.timing
+    print(f"generated {int(res.step_counts.sum())} tokens in {t['seconds']:.2f} s "
+          f"({t['tokens_per_second']:.0f} tokens/s, {t['forwards']} forward passes)", file=sys.stderr)
+    for i, text in enumerate(res.texts or []):
+        if len(res.texts) > 1:
+            print(f"--- sample {i + 1} ---")
+        print(text)
+    if args.json:
+        emit_json({"command": "sample", "checkpoint": str(loaded.path), "step": loaded.step,
+                   "weights": args.weights, "samples": res.texts, "tokens": res.tokens.tolist(),
+                   "timing": res.timing, "settings": res.settings})
+    return 0

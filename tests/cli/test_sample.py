@@ -1,0 +1,129 @@
+"""`aogpt sample` end to end on tiny checkpoints (bytes tokenizer): output checked against the Python
+API and the templates, and every bad input is a one-line `error:` with exit status 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import aogpt
+from aogpt.checkpoint import save_checkpoint
+from aogpt.config import model_config, to_dict
+from aogpt.model import Transformer
+from aogpt.tokenizer import ByteTokenizer
+
+
+def make_ckpt(root: Path, variant: str) -> Path:
+    torch.manual_seed(0)
+    extra = {"target_dim": 8} if variant == "aogpt" else {}
+    cfg = model_config(variant, n_layer=2, n_head=2, n_embd=16, block_size=48, vocab_size=320, **extra)
+    model = Transformer(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    ema = {k: v * 0.5 for k, v in model.state_dict().items()}  # EMA differs from the raw weights
+    path = root / f"run-{variant}" / "ckpt-0000010"
+    save_checkpoint(path, model, config={"model": to_dict(cfg), "tokenizer": "bytes", "step": 10}, ema=ema,
+                    tokenizer=ByteTokenizer())
+    return path.parent
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("sample")
+    return {"aogpt": make_ckpt(root, "aogpt"), "gpt": make_ckpt(root, "gpt")}
+
+
+def test_help(cli):
+    res = cli("sample", "--help")
+    assert res.code == 0 and "--infill" in res.out and "--top-p" in res.out and "--steps" in res.out
+
+
+def test_unconditional_json_matches_the_python_api(cli, runs):
+    res = cli("sample", "--checkpoint", runs["aogpt"], "--num-samples", "3", "--length", "20", "--steps", "7",
+              "--temperature", "0.9", "--top-p", "0.95", "--seed", "5", "--json", "--device", "cpu")
+    assert res.code == 0, res.err
+    summary = res.json
+    assert summary["settings"]["steps"] == 7 and summary["settings"]["policy"] == "bernoulli"
+    assert summary["settings"]["seed"] == 5 and summary["timing"]["seconds"] > 0
+    want = aogpt.load(runs["aogpt"]).generate(num_samples=3, length=20, steps=7, temperature=0.9, top_p=0.95,
+                                              seed=5)
+    assert summary["tokens"] == want.tokens.tolist()
+    assert summary["samples"] == want.texts
+    assert all(t in res.out for t in want.texts)
+    assert res.out.count("--- sample") == 3 and "settings:" in res.err and "ema weights" in res.err
+    assert max(max(row) for row in summary["tokens"]) < 257  # padding ids are never sampled
+
+
+def test_raw_weights_differ_and_no_cache_agrees(cli, runs):
+    base = ("sample", "--checkpoint", runs["aogpt"], "--num-samples", "2", "--length", "16", "--seed", "3",
+            "--json", "--policy", "count", "--steps", "5")
+    ema, raw, nocache = cli(*base), cli(*base, "--weights", "raw"), cli(*base, "--no-cache")
+    assert ema.json["tokens"] != raw.json["tokens"]
+    assert ema.json["tokens"] == nocache.json["tokens"] and nocache.json["settings"]["use_cache"] is False
+
+
+def test_prompt_infill_and_known_tokens_are_kept(cli, runs):
+    res = cli("sample", "--checkpoint", runs["aogpt"], "--prompt", "To be", "--length", "16", "-n", "2", "--json")
+    assert res.code == 0, res.err
+    assert all(s.encode()[:5] == b"To be" for s in res.json["samples"])
+    res = cli("sample", "--checkpoint", runs["aogpt"], "--infill", "To be, or [MASK:6] to be", "--steps", "3",
+              "-n", "4", "--json", "--order", "l2r")
+    assert res.code == 0, res.err
+    for row in res.json["tokens"]:
+        assert bytes(row[:10]) == b"To be, or " and bytes(row[16:]) == b" to be"
+    assert res.json["settings"]["known_tokens"] == 16 and res.json["settings"]["length"] == 22
+    res = cli("sample", "--checkpoint", runs["aogpt"], "--known", "0=65,7=66", "--length", "10", "--json")
+    assert res.code == 0, res.err
+    assert res.json["tokens"][0][0] == 65 and res.json["tokens"][0][7] == 66
+
+
+def test_gpt_samples_left_to_right_with_the_same_machinery(cli, runs):
+    res = cli("sample", "--checkpoint", runs["gpt"], "--prompt", "ab", "--length", "12", "--json", "--seed", "9")
+    assert res.code == 0, res.err
+    s = res.json["settings"]
+    assert s["policy"] == "count" and s["order"] == "l2r" and s["steps"] == 10 and s["use_cache"] is True
+    assert res.json["timing"]["forwards"] == 10
+
+
+@pytest.mark.parametrize("args,match", [
+    (("--infill", "no blank here"), "no blank"),
+    (("--infill", "x" * 40 + "[MASK:10]"), "context"),
+    (("--steps", "0", "--length", "8"), "steps"),
+    (("--steps", "9", "--length", "8"), "steps"),
+    (("--top-p", "0"), "top-p"),
+    (("--top-p", "1.5"), "top-p"),
+    (("--temperature", "0"), "temperature"),
+    (("--temperature", "-1"), "temperature"),
+    (("--length", "49"), "context"),
+    (("--order", "backwards"), "order"),
+    (("--known", "0=1"), "--length"),
+    (("--known", "zero=1", "--length", "4"), "known"),
+    (("--device", "tpu"), "device"),
+])
+def test_bad_input_is_one_line_exit_2(cli, runs, args, match):
+    res = cli("sample", "--checkpoint", runs["aogpt"], *args)
+    assert res.code == 2
+    lines = res.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and match in lines[0], res.err
+    assert "Traceback" not in res.err
+
+
+@pytest.mark.parametrize("args,match", [
+    (("--infill", "a[MASK]b"), "prefix"),
+    (("--steps", "4", "--length", "12"), "several tokens per step"),
+    (("--order", "random"), "left to right"),
+    (("--policy", "bernoulli"), "policy count"),
+])
+def test_gpt_refuses_what_it_cannot_do(cli, runs, args, match):
+    res = cli("sample", "--checkpoint", runs["gpt"], *args)
+    assert res.code == 2 and res.err.startswith("error: ") and match in res.err, res.err
+
+
+def test_missing_checkpoint_and_both_prompt_and_infill(cli, tmp_path):
+    res = cli("sample", "--checkpoint", tmp_path / "nothing")
+    assert res.code == 2 and res.err.startswith("error: ")
+    res = cli("sample", "--checkpoint", tmp_path, "--prompt", "a", "--infill", "[MASK]")
+    assert res.code == 2 and res.err.startswith("error: ")
