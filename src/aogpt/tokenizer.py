@@ -23,6 +23,8 @@ Decisions:
   padding ids, -100 ignore labels) are dropped, and byte sequences cut mid-character decode with
   U+FFFD, so decoding model output never raises.
 * Models pad the vocabulary to a multiple of 64 (`padded_vocab_size`, 50257 -> 50304) for speed.
+* `encode_batch` of gpt2 uses tiktoken threads (`threads`, default up to 8); bpe uses HF's Rust
+  thread pool (``RAYON_NUM_THREADS``). Worker processes of `aogpt.shards` set both to one.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class Tokenizer(ABC):
     vocab_size: int
     eot_id: int
     files: tuple[str, ...] = ()  # what `save` writes
+    threads: int | None = None  # encode_batch threads where the backend has them; None = up to 8
 
     @property
     def padded_vocab_size(self) -> int:
@@ -218,7 +221,7 @@ class GPT2Tokenizer(Tokenizer):
         texts = list(texts)
         if len(texts) < 2:
             return [self.encode(t) for t in texts]
-        return self._enc.encode_ordinary_batch(texts, num_threads=_threads())
+        return self._enc.encode_ordinary_batch(texts, num_threads=self.threads or _threads())
 
     def _decode(self, ids: list[int]) -> str:
         return self._enc.decode(ids, errors="replace")

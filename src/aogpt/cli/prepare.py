@@ -1,4 +1,4 @@
-"""`aogpt prepare`: tokenize a corpus into memory-mapped train/val token files."""
+"""`aogpt prepare`: tokenize a corpus into memory-mapped train/val token files (sharded when large)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,17 @@ from aogpt.cli.common import add_common, emit_json
 
 DESCRIPTION = """\
 Tokenize a corpus into DIR/train.bin and DIR/val.bin (flat token ids, uint16 or uint32), DIR/meta.json
-and, for bpe:N, the trained DIR/tokenizer.json. Every document is followed by one EOT token. The
-directory is written to a temporary name and renamed, so a failed run keeps an older good one.
+and, for bpe:N, the trained DIR/tokenizer.json. Every document is followed by one EOT token. A split
+larger than --shard-tokens is written as shards DIR/train-00000.bin, DIR/train-00001.bin, ... The
+directory is built in DIR/../.DIR.partial and renamed at the end, so a failed run keeps an older good
+one. An interrupted run that finished a shard is resumed by re-running the same command.
 
 corpora:  shakespeare (default; 38 plays, Hamlet/The Tempest/Julius Caesar held out)
           wiki-excerpt (106 Wikipedia articles from gensim's test data)
           PATH: a .txt file (one document; see --txt-docs), a .jsonl file (one document per line,
           see --text-field) or a directory of them (recursive, sorted); UTF-8 only
-          hf:NAME[:CONFIG], openwebtext, wikitext-103-raw-v1, wikitext-2-raw-v1 (need `datasets`
-          and network access)
+          hf:NAME[:CONFIG], openwebtext, wikitext-103-raw-v1, wikitext-2-raw-v1 (streamed; need
+          `datasets` and network access); openwebtext holds out its last 100,000 documents
 tokenizers: bpe:N (byte-level BPE with N ids trained on the train split), gpt2, bytes
 """
 
@@ -41,6 +43,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="fraction of documents held out, for corpora without a validation split (default 0.05)",
     )
     p.add_argument(
+        "--val-docs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="hold out the last N documents instead (default for openwebtext: 100000)",
+    )
+    p.add_argument(
         "--max-docs",
         type=int,
         default=None,
@@ -54,13 +63,32 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default="file",
         help="text files: one document per file (default) or per blank-line-separated block",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokenizer processes (default: in-process for small local corpora, else one per CPU)",
+    )
+    p.add_argument(
+        "--shard-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens per shard file (default 100000000); smaller splits stay one file",
+    )
+    again = p.add_mutually_exclusive_group()
+    again.add_argument(
+        "--resume", action="store_true", help="insist on resuming an interrupted run (the default when one exists)"
+    )
+    again.add_argument("--restart", action="store_true", help="discard an interrupted run and start afresh")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_common(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from aogpt.data import default_out_dir, prepare
+    from aogpt.data import DEFAULT_SHARD_TOKENS, default_out_dir, prepare
     from aogpt.tokenizer import DEFAULT_TOKENIZER, normalize_spec
 
     spec = normalize_spec(args.tokenizer or DEFAULT_TOKENIZER)
@@ -70,16 +98,24 @@ def run(args: argparse.Namespace) -> int:
         spec,
         out,
         val_fraction=args.val_fraction,
+        val_docs=args.val_docs,
         seed=args.seed,
         progress=not args.no_progress,
         max_docs=args.max_docs,
+        workers=args.workers,
+        shard_tokens=DEFAULT_SHARD_TOKENS if args.shard_tokens is None else args.shard_tokens,
+        resume="require" if args.resume else "restart" if args.restart else "auto",
         text_field=args.text_field,
         txt_docs=args.txt_docs,
     )
     splits = meta["splits"]
+    shards = {name: len(info.get("shards", [info])) for name, info in splits.items()}
     print(f"wrote {out} in {meta['seconds']:.1f} s: {meta['tokenizer']} (vocab {meta['vocab_size']}, {meta['dtype']})")
+    if meta["resumed_documents"]:
+        print(f"  resumed an interrupted run after {meta['resumed_documents']:,} documents")
     for name, info in splits.items():
-        print(f"  {name:5s} {info['tokens']:>12,} tokens  {info['documents']:>9,} documents")
+        more = f" in {shards[name]} shards" if shards[name] > 1 else ""
+        print(f"  {name:5s} {info['tokens']:>12,} tokens  {info['documents']:>9,} documents{more}")
     if args.json:
         emit_json(
             {
@@ -94,6 +130,9 @@ def run(args: argparse.Namespace) -> int:
                 "val_tokens": splits["val"]["tokens"],
                 "train_documents": splits["train"]["documents"],
                 "val_documents": splits["val"]["documents"],
+                "train_shards": shards["train"],
+                "val_shards": shards["val"],
+                "resumed_documents": meta["resumed_documents"],
                 "seconds": round(meta["seconds"], 3),
             }
         )
