@@ -9,6 +9,7 @@ import pytest
 import torch
 from scipy import stats
 
+from aogpt import sampling
 from aogpt.errors import AOGPTError
 from aogpt.sampling import SamplingConfig, categorical, probabilities, sample_tokens, top_k_filter, top_p_filter
 
@@ -110,7 +111,9 @@ def test_bad_sampling_settings(kw, match):
         SamplingConfig(**kw).validate()
 
 
-def test_top_p_mask_brute_force_and_ties():
+@pytest.mark.parametrize("numpy_sort", [True, False])
+def test_top_p_mask_brute_force_and_ties(monkeypatch, numpy_sort):
+    monkeypatch.setattr(sampling, "NUMPY_SORT_ON_CPU", numpy_sort)  # False: the GPU code path
     gen = torch.Generator().manual_seed(3)
     for _ in range(20):
         logits = torch.randn(4, 50, generator=gen, dtype=torch.float64) * 3
