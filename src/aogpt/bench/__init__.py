@@ -1,0 +1,9 @@
+"""Benchmarks users can run on their own hardware (`aogpt bench ...`, docs/benchmarks.md).
+
+- `aogpt.bench.generate`: generation time against steps (the paper's Figure 5);
+- `aogpt.bench.density`: the cost of one exact sequence likelihood, decoder against encoder;
+- `aogpt.bench.train_step`: training-step throughput of every variant at equal size.
+
+Every benchmark times its contenders side by side in one process run and reports medians and
+ratios; the absolute numbers depend on the machine (and on its load), the ratios much less.
+"""

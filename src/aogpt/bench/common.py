@@ -1,0 +1,206 @@
+"""What every benchmark shares: equal-size models, timing with medians, tables, outputs, targets.
+
+Benchmarks compare variants *side by side in one process run*, at the same width, depth, heads and
+vocabulary, so ratios are meaningful on any machine; absolute times are not (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aogpt.config import ModelConfig, model_config
+from aogpt.errors import AOGPTError
+from aogpt.io import atomic_write_text, ensure_writable_dir, write_json
+from aogpt.model import Transformer
+
+
+@dataclass(frozen=True)
+class Size:
+    """The shared model size (the paper compares models of equal size)."""
+
+    n_layer: int = 4
+    n_embd: int = 256
+    n_head: int = 4
+    vocab_size: int = 8192
+
+    def config(self, variant: str, block_size: int) -> ModelConfig:
+        extra = {"target_dim": min(128, self.n_embd)} if variant == "aogpt" else {}
+        return model_config(variant, n_layer=self.n_layer, n_embd=self.n_embd, n_head=self.n_head,
+                            vocab_size=self.vocab_size, block_size=block_size, **extra)
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+DEFAULT_SIZE = Size()  # the issue's: 4 layers, width 256, 4 heads, vocabulary 8192
+QUICK_SIZE = Size(n_layer=2, n_embd=64, n_head=2, vocab_size=256)
+
+
+def resolve_device(spec: str) -> torch.device:
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(spec)
+    except RuntimeError:
+        raise AOGPTError(f"unknown device {spec!r}", "use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise AOGPTError("CUDA is not available on this machine", "use --device cpu")
+    return dev
+
+
+def parse_checkpoints(specs: list[str] | None, allowed: tuple[str, ...]) -> dict[str, Path]:
+    """``VARIANT=PATH`` pairs: trained weights to time instead of random ones."""
+    out: dict[str, Path] = {}
+    for spec in specs or []:
+        variant, sep, path = spec.partition("=")
+        if not sep or variant not in allowed or not path:
+            raise AOGPTError(f"bad --checkpoint {spec!r}",
+                             f"write VARIANT=PATH with VARIANT one of {', '.join(allowed)}")
+        out[variant] = Path(path)
+    return out
+
+
+def build_model(variant: str, size: Size, block_size: int, device: torch.device, seed: int,
+                checkpoint: Path | None = None) -> Transformer:
+    """A model of `size` for `variant`: random weights (seeded), or a checkpoint of that variant and size."""
+    if checkpoint is not None:
+        from aogpt.checkpoint import load
+
+        model = load(checkpoint, device=device).model
+        cfg = model.config
+        if cfg.variant != variant:
+            raise AOGPTError(f"checkpoint {checkpoint} holds a {cfg.variant} model, not {variant}",
+                             f"pass it as {cfg.variant}=PATH")
+        theirs = (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab_size)
+        ours = (size.n_layer, size.n_embd, size.n_head, size.vocab_size)
+        if theirs != ours:
+            raise AOGPTError(f"checkpoint {checkpoint} has layers/width/heads/vocab {theirs}, the benchmark {ours}",
+                             "models of unequal size make an unfair comparison: pass --layers/--width/--heads/--vocab")
+        if cfg.block_size < block_size:
+            raise AOGPTError(f"checkpoint {checkpoint} has a context of {cfg.block_size} < n = {block_size}",
+                             f"use --n {cfg.block_size} or less")
+        return model.eval()
+    torch.manual_seed(seed)
+    return Transformer(size.config(variant, block_size)).to(device).eval()
+
+
+def default_size(checkpoints: dict[str, Path], size: Size | None) -> Size:
+    """An explicit size; else the first checkpoint's; else the default size."""
+    if size is not None:
+        return size
+    if not checkpoints:
+        return DEFAULT_SIZE
+    from aogpt.checkpoint import find_checkpoint, read_config
+
+    cfg = read_config(find_checkpoint(next(iter(checkpoints.values()))))["model"]
+    return Size(int(cfg["n_layer"]), int(cfg["n_embd"]), int(cfg["n_head"]), int(cfg["vocab_size"]))
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], Any], device: torch.device) -> float:
+    """Wall time of one call, with the device synchronised on both sides."""
+    sync(device)
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - start
+
+
+def median_time(fn: Callable[[], Any], device: torch.device, repeats: int,
+                long_run: float) -> tuple[float, list[float]]:
+    """Median over `repeats` calls; a call longer than `long_run` seconds is not repeated (its
+    relative noise is already small, and the slow baselines would otherwise dominate the run)."""
+    times = [timed(fn, device)]
+    while len(times) < repeats and times[0] <= long_run:
+        times.append(timed(fn, device))
+    return statistics.median(times), times
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """Where the numbers come from: they mean little without it."""
+    env: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
+                           "cpus": os.cpu_count(), "python": platform.python_version(),
+                           "machine": platform.machine()}
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+    if hasattr(os, "getloadavg"):
+        env["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    return env
+
+
+def fmt_seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def fmt_ratio(r: float | None) -> str:
+    return "-" if r is None else f"{r:.1f}x" if r >= 10 else f"{r:.2f}x"
+
+
+def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+@dataclass
+class Target:
+    """One of the issue's speed targets and whether this run met it."""
+
+    name: str
+    value: float | None
+    bound: float
+    at_least: bool  # value must be >= bound (else <=)
+    note: str = ""
+
+    @property
+    def met(self) -> bool | None:
+        if self.value is None:
+            return None
+        return self.value >= self.bound if self.at_least else self.value <= self.bound
+
+    def line(self) -> str:
+        rel = ">=" if self.at_least else "<="
+        status = {None: "not measured", True: "met", False: "NOT met"}[self.met]
+        got = "-" if self.value is None else fmt_ratio(self.value)
+        note = f" ({self.note})" if self.note else ""
+        return f"- {self.name}: {got} (target {rel} {self.bound:g}x): {status}{note}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "value": self.value, "target": self.bound,
+                "relation": ">=" if self.at_least else "<=", "met": self.met, "note": self.note, "line": self.line()}
+
+
+def write_outputs(out: Path | None, name: str, markdown: str, summary: dict[str, Any]) -> dict[str, str]:
+    """DIR/NAME.md and DIR/NAME.json (atomic); returns the paths written."""
+    if out is None:
+        return {}
+    out = Path(out)
+    ensure_writable_dir(out)
+    atomic_write_text(out / f"{name}.md", markdown + "\n")
+    write_json(out / f"{name}.json", summary)
+    return {"markdown": str(out / f"{name}.md"), "json": str(out / f"{name}.json")}
+
+
+def parse_int_list(text: str, what: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise AOGPTError(f"bad {what} list {text!r}", "write integers separated by commas, e.g. 16,64,256") from None
+    if not values or any(v < 1 for v in values):
+        raise AOGPTError(f"bad {what} list {text!r}", "give positive integers, e.g. 16,64,256")
+    return sorted(set(values))

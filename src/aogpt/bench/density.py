@@ -1,0 +1,99 @@
+"""`aogpt bench density`: the cost of one exact sequence likelihood (paper appendix, "Density
+Estimation Efficiency").
+
+A decoder gets all n conditionals of an order in one causal pass (`Transformer.forward`); the
+encoder-only MDM needs one pass per conditional (`aogpt.encoder.order_nll`: n rows of n slots,
+batched). Both are timed on the same random tokens and order, at equal size, and the ratio reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aogpt.bench.common import (
+    QUICK_SIZE,
+    Size,
+    Target,
+    build_model,
+    default_size,
+    environment,
+    fmt_ratio,
+    fmt_seconds,
+    markdown_table,
+    median_time,
+    resolve_device,
+    write_outputs,
+)
+from aogpt.errors import AOGPTError
+
+VARIANTS = ("aogpt", "gpt", "encoder-mdm")
+QUICK = dict(n=32, batch=1, size=QUICK_SIZE, repeats=1)
+TARGET_DECODER_CHEAPER = 100.0
+
+
+def bench_density(*, n: int = 256, batch: int = 1, size: Size | None = None, repeats: int = 3,
+                  long_run: float = 20.0, device: str = "cpu", seed: int = 0, token_budget: int | None = None,
+                  checkpoints: dict[str, Path] | None = None, out: Path | None = None,
+                  progress: Callable[[int, str], None] | None = None) -> dict[str, Any]:
+    """Time the exact NLL of `batch` sequences of n tokens under one random order (l2r for gpt)."""
+    if n < 1 or batch < 1 or repeats < 1:
+        raise AOGPTError("n, batch and repeats must be positive", "e.g. --n 256 --batch 1 --repeats 3")
+    from aogpt.encoder import order_nll
+
+    dev = resolve_device(device)
+    checkpoints = checkpoints or {}
+    size = default_size(checkpoints, size)
+    models = {v: build_model(v, size, n, dev, seed, checkpoints.get(v)) for v in VARIANTS}
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(size.vocab_size, (batch, n), generator=g).to(dev)
+    order = torch.rand(batch, n, generator=g).argsort(dim=1).to(dev)
+    calls = {
+        "aogpt": lambda: models["aogpt"](idx, order)[1].sum(1),
+        "gpt": lambda: models["gpt"](idx)[1].sum(1),
+        "encoder-mdm": lambda: order_nll(models["encoder-mdm"], idx, order, token_budget=token_budget).sum(1),
+    }
+    seconds, runs, nll = {}, {}, {}
+    with torch.inference_mode():
+        for i, (v, fn) in enumerate(calls.items()):
+            fn()  # warm-up
+            seconds[v], runs[v] = median_time(fn, dev, repeats, long_run)
+            nll[v] = float(fn().mean()) / n
+            if progress is not None:
+                progress(i + 1, v)
+    result = {"benchmark": "density", "n": n, "batch": batch, "size": size.to_dict(), "repeats": repeats,
+              "long_run_s": long_run, "seed": seed, "checkpoints": {k: str(v) for k, v in checkpoints.items()},
+              "seconds": seconds, "runs": runs, "nll_per_token": nll, "forwards_per_sequence":
+              {"aogpt": 1, "gpt": 1, "encoder-mdm": n}, "environment": environment(dev)}
+    result["ratios"] = {f"encoder-mdm/{v}": seconds["encoder-mdm"] / seconds[v] for v in ("aogpt", "gpt")}
+    note = "" if n == 256 else f"target set for n = 256; this run n = {n}"
+    result["targets"] = [Target("exact likelihood: AO-GPT (1 pass) cheaper than the encoder (n passes) by",
+                                result["ratios"]["encoder-mdm/aogpt"], TARGET_DECODER_CHEAPER, True, note).to_dict()]
+    if out is not None:
+        result["files"] = write_outputs(out, "density", to_markdown(result), result)
+    return result
+
+
+def to_markdown(result: dict[str, Any]) -> str:
+    size, env, n = result["size"], result["environment"], result["n"]
+    labels = {"aogpt": "AO-GPT (one causal pass, random order)", "gpt": "AR gpt (one causal pass, left to right)",
+              "encoder-mdm": f"encoder-only MDM ({n} passes, random order)"}
+    rows = [[labels[v], fmt_seconds(result["seconds"][v]), fmt_seconds(result["seconds"][v] / result["batch"]),
+             fmt_ratio(result["seconds"]["encoder-mdm"] / result["seconds"][v])] for v in VARIANTS]
+    lines = [
+        "# Cost of one exact sequence likelihood",
+        "",
+        f"Exact NLL of {result['batch']} sequence(s) of n = {n} tokens under one order, median of {result['repeats']}"
+        f" runs. Models of equal size: {size['n_layer']} layers, width {size['n_embd']}, {size['n_head']} heads, "
+        f"vocabulary {size['vocab_size']}. Device {env['device']}, {env['threads']} threads, torch {env['torch']}"
+        + (f", load average {env['load_average']}" if "load_average" in env else "") + ".",
+        "",
+        markdown_table(["model", "time", "per sequence", "encoder ÷ this"], rows),
+        "",
+        "Targets (issue 6):",
+        *[t["line"] for t in result["targets"]],
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,60 @@
+"""The generation-speed figure in the style of the paper's Figure 5: time against steps, log scale."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from aogpt.plots import _pyplot
+
+STYLE = {  # method -> (label, colour, marker, line style)
+    "aogpt": ("AO-GPT (KV cache + Lemma 4.1)", "tab:red", "o", "-"),
+    "aogpt-count": ("AO-GPT (KV cache, count schedule)", "tab:orange", "v", "-"),
+    "aogpt-nocache": ("AO-GPT without KV cache", "tab:pink", "s", "--"),
+    "encoder": ("encoder-only MDM (no-op skipping)", "tab:blue", "D", "-"),
+    "encoder-noskip": ("encoder-only MDM (no skipping)", "tab:cyan", "^", "--"),
+}
+
+
+def plot_generation(result: dict[str, Any], out_png: Path) -> Path | None:
+    """Seconds per batch against generation steps T (log-log); the AR GPT (n steps) as a reference line.
+
+    Never raises: a missing or broken matplotlib becomes a warning and no PNG.
+    """
+    steps = result["steps"]
+    try:
+        plt = _pyplot()
+        fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=120)
+        for method, times in result["seconds"].items():
+            if method == "gpt" or not times:
+                continue
+            label, color, marker, ls = STYLE.get(method, (method, None, "o", "-"))
+            pts = [(t, times[str(t)]) for t in steps if times.get(str(t)) is not None]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), ls, marker=marker, color=color, label=label)
+        gpt = result["seconds"].get("gpt", {}).get(str(result["n"]))
+        if gpt is not None:
+            ax.axhline(gpt, color="0.3", ls=":", lw=1)
+            ax.plot([result["n"]], [gpt], "*", color="0.2", ms=10, label=f"AR GPT (KV cache, {result['n']} steps)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(steps, [str(t) for t in steps])
+        ax.set_xlabel("generation steps T")
+        ax.set_ylabel(f"seconds per batch of {result['batch']}")
+        env = result.get("environment", {})
+        ax.set_title(f"Generation time, n = {result['n']}, batch {result['batch']} ({env.get('device', '?')})",
+                     fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        out_png = Path(out_png)
+        tmp = out_png.with_suffix(".tmp.png")
+        fig.savefig(tmp)
+        plt.close(fig)
+        os.replace(tmp, out_png)
+        return out_png
+    except Exception as exc:  # noqa: BLE001 - a plot must never lose the measured numbers
+        warnings.warn(f"could not write plot {out_png}: {exc}", stacklevel=2)
+        return None
