@@ -1,0 +1,197 @@
+"""`aogpt bench generate|density|train`: the paper's speed comparisons on your hardware.
+Behaviour and decisions: docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from aogpt.cli.common import add_common, emit_json, progress
+from aogpt.errors import AOGPTError
+
+HELP = "speed benchmarks: generation time vs steps (paper Fig. 5), exact-likelihood cost, training steps"
+EPILOG = "Random weights by default (timing does not depend on them); see docs/benchmarks.md."
+
+
+def _size_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model size (equal for every contender; default 4 layers / 256 / 4 heads / 8192)")
+    g.add_argument("--layers", type=int, default=None, metavar="L", help="transformer blocks")
+    g.add_argument("--width", type=int, default=None, metavar="D", help="embedding width")
+    g.add_argument("--heads", type=int, default=None, metavar="H", help="attention heads")
+    g.add_argument("--vocab", type=int, default=None, metavar="V", help="vocabulary size")
+
+
+def _run_flags(p: argparse.ArgumentParser, checkpoints: bool = True) -> None:
+    p.add_argument("--quick", action="store_true", help="a tiny smoke configuration that runs in seconds")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads for torch (default: torch's)")
+    p.add_argument("--out", type=Path, default=Path("bench-results"), metavar="DIR",
+                   help="where the markdown table and JSON (and PNG) go (default bench-results)")
+    if checkpoints:
+        p.add_argument("--checkpoint", action="append", default=[], metavar="VARIANT=PATH",
+                       help="time trained weights instead of random ones (repeatable; sizes must match)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_common(p)
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("bench", help=HELP, description=HELP + ". " + EPILOG)
+    sub = p.add_subparsers(dest="bench", metavar="BENCHMARK", parser_class=type(p))
+    p.set_defaults(func=_missing)
+
+    g = sub.add_parser("generate", help="generation time against steps T: AO-GPT, encoder MDM, AR gpt",
+                       description="Time AO-GPT (KV cache + Lemma 4.1), AO-GPT without cache, the encoder-only MDM "
+                       "with and without no-op skipping and the AR gpt, at equal size, batch and n, over T; "
+                       "writes DIR/generate.md, .json and .png (paper Figure 5). " + EPILOG)
+    g.add_argument("--n", type=int, default=None, help="sequence length (default 256; try 1024 on a GPU)")
+    g.add_argument("--batch", type=int, default=None, help="sequences per batch (default 8)")
+    g.add_argument("--steps", default=None, metavar="T,T,...", help="generation steps (default 16,32,64,128,256)")
+    g.add_argument("--methods", default=None, metavar="M,M,...",
+                   help="aogpt, aogpt-count, aogpt-nocache, encoder, encoder-noskip, gpt (default: all but "
+                   "aogpt-count)")
+    g.add_argument("--repeats", type=int, default=None, help="runs per measurement, median reported (default 3)")
+    g.add_argument("--long-run", type=float, default=20.0, metavar="S",
+                   help="measurements whose first run takes longer than S seconds are not repeated (default 20)")
+    _size_flags(g)
+    _run_flags(g)
+    g.set_defaults(func=run_generate)
+
+    d = sub.add_parser("density", help="cost of one exact likelihood: decoder 1 pass vs encoder n passes",
+                       description="Time the exact NLL of a sequence under one order: AO-GPT and gpt in one causal "
+                       "pass, the encoder-only MDM in n passes; writes DIR/density.md and .json. " + EPILOG)
+    d.add_argument("--n", type=int, default=None, help="sequence length (default 256)")
+    d.add_argument("--batch", type=int, default=None, help="sequences scored together (default 1)")
+    d.add_argument("--repeats", type=int, default=None, help="runs per measurement, median reported (default 3)")
+    d.add_argument("--long-run", type=float, default=20.0, metavar="S", help="do not repeat runs longer than S s")
+    _size_flags(d)
+    _run_flags(d)
+    d.set_defaults(func=run_density)
+
+    t = sub.add_parser("train", help="training-step throughput of gpt, sigma, aogpt and encoder-mdm",
+                       description="Time the real training step (forward, backward, AdamW, EMA) of every variant at "
+                       "equal size, with ratios to gpt and the paper code's reference figures; writes "
+                       "DIR/train.md and .json.")
+    t.add_argument("--block", type=int, default=None, help="tokens per sequence (default 256)")
+    t.add_argument("--batch", type=int, default=None, help="sequences per step (default 8)")
+    t.add_argument("--variants", default=None, metavar="V,V,...", help="default gpt,sigma,aogpt,encoder-mdm")
+    t.add_argument("--steps", type=int, default=None, help="timed steps per variant, median reported (default 5)")
+    t.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 2)")
+    _size_flags(t)
+    _run_flags(t, checkpoints=False)
+    t.set_defaults(func=run_train)
+
+
+def _missing(args: argparse.Namespace) -> int:
+    raise AOGPTError("no benchmark named", "use `aogpt bench generate`, `aogpt bench density` or `aogpt bench train`")
+
+
+def _pick(value: Any, quick: dict[str, Any], key: str, default: Any, is_quick: bool) -> Any:
+    if value is not None:
+        return value
+    return quick[key] if is_quick and key in quick else default
+
+
+def _size(args: argparse.Namespace, quick: Any) -> Any:
+    """Size flags over the quick or default size; None (no flags, not quick): the checkpoints' size."""
+    from aogpt.bench.common import DEFAULT_SIZE, Size
+
+    flags = (args.layers, args.width, args.heads, args.vocab)
+    if all(f is None for f in flags):
+        return quick if args.quick else None
+    base = quick if args.quick else DEFAULT_SIZE
+    values = [f if f is not None else b
+              for f, b in zip(flags, (base.n_layer, base.n_embd, base.n_head, base.vocab_size), strict=True)]
+    if min(values) < 1 or values[1] % values[2]:
+        raise AOGPTError(f"bad model size (layers, width, heads, vocab) = {tuple(values)}",
+                         "use positive values and a width divisible by --heads")
+    return Size(*values)
+
+
+def _setup(args: argparse.Namespace) -> None:
+    import torch
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise AOGPTError(f"--threads must be >= 1, got {args.threads}", "e.g. --threads 2")
+        torch.set_num_threads(args.threads)
+
+
+def _report(args: argparse.Namespace, command: str, result: dict[str, Any], markdown: str) -> int:
+    print(markdown)
+    files = result.get("files", {})
+    if files:
+        print("\nwrote " + ", ".join(files.values()))
+    if args.json:
+        emit_json({"command": command, **{k: v for k, v in result.items() if k != "runs"}})
+    return 0
+
+
+def _bar(total: int, args: argparse.Namespace, desc: str):
+    bar = progress(total=total, desc=desc, disable=args.no_progress)
+
+    def update(done: int, label: str) -> None:
+        bar.set_postfix_str(label)
+        bar.update(done - bar.n)
+
+    return bar, update
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from aogpt.bench import generate as bg
+    from aogpt.bench.common import parse_checkpoints, parse_int_list
+
+    _setup(args)
+    q = bg.QUICK
+    steps = parse_int_list(args.steps, "steps") if args.steps else list(q["steps"] if args.quick else bg.DEFAULT_STEPS)
+    methods = bg.check_methods([m.strip() for m in args.methods.split(",")]) if args.methods \
+        else list(bg.DEFAULT_METHODS)
+    n = _pick(args.n, q, "n", 256, args.quick)
+    total = sum(1 if m == "gpt" else len([t for t in steps if t <= n]) for m in methods)
+    bar, update = _bar(total, args, "bench generate")
+    try:
+        result = bg.bench_generate(
+            n=n, batch=_pick(args.batch, q, "batch", 8, args.quick), steps=steps, size=_size(args, q["size"]),
+            methods=methods, repeats=_pick(args.repeats, q, "repeats", 3, args.quick), long_run=args.long_run,
+            device=args.device, seed=args.seed,
+            checkpoints=parse_checkpoints(args.checkpoint, ("aogpt", "gpt", "encoder-mdm")), out=args.out,
+            progress=update)
+    finally:
+        bar.close()
+    return _report(args, "bench generate", result, bg.to_markdown(result))
+
+
+def run_density(args: argparse.Namespace) -> int:
+    from aogpt.bench import density as bd
+    from aogpt.bench.common import parse_checkpoints
+
+    _setup(args)
+    q = bd.QUICK
+    bar, update = _bar(len(bd.VARIANTS), args, "bench density")
+    try:
+        result = bd.bench_density(
+            n=_pick(args.n, q, "n", 256, args.quick), batch=_pick(args.batch, q, "batch", 1, args.quick),
+            size=_size(args, q["size"]), repeats=_pick(args.repeats, q, "repeats", 3, args.quick),
+            long_run=args.long_run, device=args.device, seed=args.seed,
+            checkpoints=parse_checkpoints(args.checkpoint, bd.VARIANTS), out=args.out, progress=update)
+    finally:
+        bar.close()
+    return _report(args, "bench density", result, bd.to_markdown(result))
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from aogpt.bench import train_step as bt
+
+    _setup(args)
+    q = bt.QUICK
+    variants = [v.strip() for v in args.variants.split(",")] if args.variants else list(bt.VARIANTS)
+    bar, update = _bar(len(variants), args, "bench train")
+    try:
+        result = bt.bench_train(
+            block=_pick(args.block, q, "block", 256, args.quick), batch=_pick(args.batch, q, "batch", 8, args.quick),
+            size=_size(args, q["size"]), variants=variants, steps=_pick(args.steps, q, "steps", 5, args.quick),
+            warmup=_pick(args.warmup, q, "warmup", 2, args.quick), device=args.device, seed=args.seed,
+            out=args.out, progress=update)
+    finally:
+        bar.close()
+    return _report(args, "bench train", result, bt.to_markdown(result))
