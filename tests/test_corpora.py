@@ -13,6 +13,7 @@ import pytest
 from aogpt import corpora
 from aogpt.corpora import clean_play, clean_wikitext, load_corpus, split_documents
 from aogpt.errors import AOGPTError
+from aogpt.hf_corpora import OPENWEBTEXT_VAL_DOCS, hold_back_last
 
 PLAY = """# A Test Play
 
@@ -273,9 +274,27 @@ def test_unreadable_file_reported(tmp_path, monkeypatch: pytest.MonkeyPatch) -> 
 # --- Hugging Face, through a stand-in `datasets` module (the real one needs the network) -----------
 
 
-def _fake_datasets(monkeypatch: pytest.MonkeyPatch, splits: dict[str, list[dict]] | Exception) -> None:
+class FakeStream:
+    """Stands in for `datasets.IterableDataset`: iterable, with `.skip(n)`; logs skips and rows read."""
+
+    def __init__(self, rows: list[dict], log: dict, offset: int = 0) -> None:
+        self.rows, self.log, self.offset = rows, log, offset
+
+    def __iter__(self):
+        for row in self.rows[self.offset :]:
+            self.log["read"] += 1
+            yield row
+
+    def skip(self, n: int) -> FakeStream:
+        self.log["skips"].append(n)
+        return FakeStream(self.rows, self.log, self.offset + n)
+
+
+def fake_datasets(monkeypatch: pytest.MonkeyPatch, splits: dict[str, list[dict]] | Exception) -> dict:
+    """Install a stand-in `datasets` module serving `splits` (or raising); returns its log."""
     mod = types.ModuleType("datasets")
     mod.__spec__ = importlib.machinery.ModuleSpec("datasets", None)
+    log: dict = {"skips": [], "read": 0, "opened": []}
 
     def get_dataset_split_names(name, config=None):
         if isinstance(splits, Exception):
@@ -284,11 +303,13 @@ def _fake_datasets(monkeypatch: pytest.MonkeyPatch, splits: dict[str, list[dict]
 
     def load_dataset(name, config=None, split=None, streaming=False):
         assert streaming
-        return iter(splits[split])
+        log["opened"].append(split)
+        return FakeStream(splits[split], log)
 
     mod.get_dataset_split_names = get_dataset_split_names
     mod.load_dataset = load_dataset
     monkeypatch.setitem(sys.modules, "datasets", mod)
+    return log
 
 
 def test_hf_missing_datasets(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -299,7 +320,7 @@ def test_hf_missing_datasets(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_hf_offline_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_datasets(monkeypatch, ConnectionError("Couldn't reach 'wikitext' on the Hub (LocalEntryNotFoundError)\nmore"))
+    fake_datasets(monkeypatch, ConnectionError("Couldn't reach 'wikitext' on the Hub (LocalEntryNotFoundError)\nmore"))
     with pytest.raises(AOGPTError) as info:
         load_corpus("wikitext-2-raw-v1")
     assert "\n" not in str(info.value) and "cannot load Hugging Face dataset hf:wikitext:wikitext-2-raw-v1" in str(
@@ -309,7 +330,7 @@ def test_hf_offline_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_hf_wikitext_regrouped_into_articles(monkeypatch: pytest.MonkeyPatch) -> None:
     rows = ["", " = A = \n", "", " a text . \n", " = = Sub = = \n", " more . \n", " = B = \n", " b text . \n"]
-    _fake_datasets(monkeypatch, {"train": [{"text": r} for r in rows], "validation": [{"text": " = V = \n"}]})
+    fake_datasets(monkeypatch, {"train": [{"text": r} for r in rows], "validation": [{"text": " = V = \n"}]})
     c = load_corpus("wikitext-103-raw-v1")
     assert list(c.docs()) == [
         ("train", " = A = \n a text . \n = = Sub = = \n more . \n"),
@@ -321,7 +342,7 @@ def test_hf_wikitext_regrouped_into_articles(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_hf_hash_split_and_text_field(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_datasets(monkeypatch, {"train": [{"body": f"doc {i}"} for i in range(200)]})
+    fake_datasets(monkeypatch, {"train": [{"body": f"doc {i}"} for i in range(200)]})
     c = load_corpus("hf:someone/set:cfg", text_field="body", val_fraction=0.1, seed=3)
     pairs = list(c.docs())
     assert pairs == list(c.docs()) and len(pairs) == 200
@@ -331,3 +352,81 @@ def test_hf_hash_split_and_text_field(monkeypatch: pytest.MonkeyPatch) -> None:
         list(load_corpus("hf:someone/set").docs())
     with pytest.raises(AOGPTError, match="names no dataset"):
         load_corpus("hf:")
+
+
+# --- validation by last N documents (the OpenWebText rule) and re-positioning -------------------------
+
+
+def test_hold_back_last_matches_slicing() -> None:
+    for total in range(0, 9):
+        texts = [f"t{i}" for i in range(total)]
+        for n in range(1, 6):
+            expected = [("train", t) for t in texts[: max(0, total - n)]] + [("val", t) for t in texts[-n:]]
+            assert list(hold_back_last(iter(texts), n)) == expected, (total, n)
+
+
+def test_openwebtext_holds_out_its_last_100000_documents(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert OPENWEBTEXT_VAL_DOCS == 100_000
+    rows = [{"text": f"d{i}"} for i in range(100_003)]
+    fake_datasets(monkeypatch, {"train": rows})
+    c = load_corpus("openwebtext")
+    assert c.name == "hf:Skylion007/openwebtext" and c.split_rule == "last 100000 documents of the train split"
+    splits = [s for s, _ in c.docs()]
+    assert splits == ["train"] * 3 + ["val"] * 100_000
+    small = load_corpus("openwebtext", val_docs=10, max_docs=50)
+    assert [t for s, t in small.docs() if s == "val"] == [f"d{i}" for i in range(40, 50)]
+    hashed = load_corpus("openwebtext", val_fraction=0.5, max_docs=200)
+    assert hashed.split_rule == "documents by hash, val_fraction=0.5"
+    assert 60 < [s for s, _ in hashed.docs()].count("val") < 140
+
+
+def test_hf_stream_skips_rows_at_the_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = [{"text": f"d{i}" if i % 7 else ""} for i in range(60)]  # blank rows stay: index = row
+    log = fake_datasets(monkeypatch, {"train": rows})
+    for kw in ({"val_docs": 9}, {"val_fraction": 0.3}, {"val_docs": 9, "max_docs": 40}):
+        c = load_corpus("hf:x/y", **kw)
+        everything = list(c.docs())
+        for done in ({"train": 5, "val": 0}, {"train": 20, "val": 6}, {"train": 30, "val": 5}):
+            log["skips"].clear()
+            k = sum(done.values())
+            assert list(c.stream(done)) == everything[k:], (kw, done)
+            assert log["skips"] == [k]
+    assert [t for _, t in everything][:8] == ["", "d1", "d2", "d3", "d4", "d5", "d6", ""]
+
+
+def test_hf_stream_with_a_validation_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    train, val = [{"text": f"t{i}"} for i in range(10)], [{"text": f"v{i}"} for i in range(4)]
+    log = fake_datasets(monkeypatch, {"train": train, "validation": val})
+    c = load_corpus("hf:x/y")
+    everything = list(c.docs())
+    log["opened"].clear()
+    assert list(c.stream({"train": 10, "val": 2})) == everything[12:]
+    assert log["opened"] == ["validation"] and log["skips"] == [2]  # the train split is not read again
+    assert list(c.stream({"train": 3, "val": 0})) == everything[3:]
+    with pytest.raises(AOGPTError, match="--val-docs does not apply to hf:x/y"):
+        load_corpus("hf:x/y", val_docs=3)
+
+
+def test_wikitext_resumes_by_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = [" = A = \n", " a \n", " = B = \n", " b \n", " = C = \n", " c \n"]
+    log = fake_datasets(monkeypatch, {"train": [{"text": r} for r in rows], "validation": [{"text": " = V = \n"}]})
+    c = load_corpus("wikitext-2-raw-v1")
+    assert list(c.stream({"train": 2, "val": 0})) == list(c.docs())[2:]
+    assert log["skips"] == []
+
+
+def test_local_val_docs(tmp_path) -> None:
+    for i in range(6):
+        (tmp_path / f"{i}.txt").write_text(f"doc {i}")
+    c = load_corpus(str(tmp_path), val_docs=2)
+    assert list(c.docs()) == [("train", f"doc {i}") for i in range(4)] + [("val", "doc 4"), ("val", "doc 5")]
+    assert c.split_rule == "last 2 documents"
+    assert list(c.stream({"train": 3, "val": 0})) == list(c.docs())[3:]
+    with pytest.raises(AOGPTError, match="--val-docs 6 leaves no training documents"):
+        load_corpus(str(tmp_path), val_docs=6)
+    with pytest.raises(AOGPTError, match="exclude each other"):
+        load_corpus(str(tmp_path), val_docs=2, val_fraction=0.1)
+    with pytest.raises(AOGPTError, match="--val-docs must be at least 1"):
+        load_corpus(str(tmp_path), val_docs=0)
+    with pytest.raises(AOGPTError, match="--val-docs does not apply to shakespeare"):
+        load_corpus("shakespeare", val_docs=3)
