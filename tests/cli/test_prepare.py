@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_corpora import fake_datasets
 
 import aogpt.cli
 
@@ -67,6 +68,14 @@ def _bad_inputs(tmp_path) -> list[tuple[list[str], str]]:
         (["--corpus", "shakespeare", "--max-docs", "0", *out], "at least 1"),
         (["--corpus", "hf:", *out], "names no dataset"),
         (["--tokenizer", "bytes", "--bogus-flag"], "unrecognized arguments"),
+        (["--corpus", "shakespeare", "--shard-tokens", "0", *out], "--shard-tokens must be at least 1"),
+        (["--corpus", "shakespeare", "--workers", "0", *out], "--workers must be at least 1"),
+        (["--corpus", str(tmp_path / "foreign"), "--val-docs", "0", *out], "--val-docs must be at least 1"),
+        (["--corpus", str(tmp_path / "foreign"), "--val-docs", "1", *out], "leaves no training documents"),
+        (["--corpus", "shakespeare", "--val-docs", "3", *out], "--val-docs does not apply to shakespeare"),
+        (["--corpus", str(tmp_path / "foreign"), "--val-docs", "1", "--val-fraction", "0.1", *out], "exclude each"),
+        (["--corpus", "shakespeare", "--resume", *out], "nothing to resume"),
+        (["--corpus", "shakespeare", "--resume", "--restart", *out], "not allowed with argument"),
     ]
 
 
@@ -77,4 +86,57 @@ def test_bad_input_is_one_line_exit_2(tmp_path, cli) -> None:
         assert r.err.startswith("error: ") and r.err.count("\n") == 1, r.err
         assert message in r.err and "Traceback" not in r.err, r.err
     assert (tmp_path / "foreign" / "keep.txt").read_text() == "keep"
-    assert not (tmp_path / "o").exists()
+    assert not (tmp_path / "o").exists() and not (tmp_path / ".o.partial").exists()
+
+
+def test_openwebtext_offline_is_one_line(tmp_path, cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+    import sys
+
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "datasets", None)
+        m.setattr(importlib.util, "find_spec", lambda name: None)  # `datasets` is not installed
+        r = cli("prepare", "--corpus", "openwebtext", "--tokenizer", "gpt2", "--out", tmp_path / "o")
+    assert r.code == 2 and r.err.count("\n") == 1, r.err
+    assert r.err.startswith("error: corpus hf:Skylion007/openwebtext needs the Hugging Face `datasets` package")
+    fake_datasets(monkeypatch, OSError("We couldn't connect to 'https://huggingface.co' (offline)\ndetails"))
+    r = cli("prepare", "--corpus", "openwebtext", "--tokenizer", "gpt2", "--out", tmp_path / "o")
+    assert r.code == 2 and r.err.count("\n") == 1 and "Traceback" not in r.err, r.err
+    assert "cannot load Hugging Face dataset hf:Skylion007/openwebtext: We couldn't connect" in r.err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_interrupted_prepare_resumes(tmp_path, cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    from aogpt import shards
+
+    docs = [{"text": f"document {i}: " + "words and more words " * (i % 9 + 1)} for i in range(1500)]
+    fake_datasets(monkeypatch, {"train": docs})
+    args = ["prepare", "--corpus", "hf:fake/web", "--tokenizer", "bytes", "--val-docs", "100", "--shard-tokens", "5000"]
+    r = cli(*args, "--out", tmp_path / "reference", "--json", "--no-progress")
+    assert r.code == 0, r.err
+    assert r.json["train_shards"] == -(-r.json["train_tokens"] // 5000) > 10
+    assert r.json["val_shards"] == -(-r.json["val_tokens"] // 5000) > 1
+    assert r.json["val_documents"] == 100 and r.json["resumed_documents"] == 0
+
+    real, calls = shards.write_json, []
+
+    def interrupt_at_fourth_commit(path, obj):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        real(path, obj)
+
+    monkeypatch.setattr(shards, "write_json", interrupt_at_fourth_commit)
+    r = cli(*args, "--out", tmp_path / "out")
+    assert r.code == 130 and "interrupted" in r.err
+    monkeypatch.setattr(shards, "write_json", real)
+    assert not (tmp_path / "out").exists() and (tmp_path / ".out.partial" / "progress.json").is_file()
+
+    r = cli(*args[:-1], "6000", "--out", tmp_path / "out")
+    assert r.code == 2 and "differs in: shard_tokens" in r.err and "--restart" in r.err
+    r = cli(*args, "--out", tmp_path / "out", "--resume", "--json")
+    assert r.code == 0, r.err
+    assert r.json["resumed_documents"] > 0 and "resumed an interrupted run" in r.out
+    for name in sorted(p.name for p in (tmp_path / "reference").iterdir()):
+        assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "reference" / name).read_bytes(), name
+    assert not (tmp_path / ".out.partial").exists()
