@@ -30,7 +30,10 @@ from aogpt.evaluate import (
 )
 from aogpt.model import Transformer
 
-FX = Path("/work/shared/fixtures/reference-checkpoints")
+_HERE = Path(__file__).resolve().parent
+FX = next((p for p in (_HERE / "fixtures" / "reference-checkpoints",
+                       _HERE.parents[1] / "shared" / "fixtures" / "reference-checkpoints")
+           if (p / "expected.npz").is_file()), _HERE / "fixtures" / "reference-checkpoints")
 
 
 def tiny(variant: str, n: int = 8, vocab: int = 11, seed: int = 0) -> Transformer:
@@ -310,3 +313,27 @@ def test_model_kinds_plug_in() -> None:
         _KINDS.pop("encoder-mdm", None)
         if saved is not None:
             _KINDS["encoder-mdm"] = saved
+
+
+def test_encoder_kind_is_dispatched_and_exact_under_l2r() -> None:
+    """The encoder-only MDM registers itself (aogpt.encoder); its l2r NLL equals n separate forwards,
+    step i with the positions >= i masked."""
+    torch.manual_seed(0)
+    model = Transformer(model_config("encoder-mdm", n_layer=2, n_head=2, n_embd=16, block_size=6, vocab_size=11))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.4)
+    model = model.double().eval().requires_grad_(False)
+    data = torch.randint(0, 11, (2, 6), generator=torch.Generator().manual_seed(1))
+    total = 0.0
+    for b in range(2):
+        for i in range(6):
+            tokens = torch.where(torch.arange(6) < i, data[b], -1)[None]
+            logits = model.forward_slots(tokens, torch.arange(1, 7)[None])[0, i]
+            total -= float(torch.log_softmax(logits, -1)[data[b, i]])
+    assert evaluate(model, data, order="l2r").nll == pytest.approx(total / 12, abs=1e-10)
+    res = evaluate(model, data, order="random", num_orders=3)
+    assert res.num_orders == 3 and math.isfinite(res.nll) and res.se is not None
+    with pytest.raises(AOGPTError, match="ensembling"):
+        evaluate(model, data, ensemble=2)
+
