@@ -17,7 +17,7 @@ from scipy import stats
 from torch import nn
 
 from aogpt.checkpoint import load, save_checkpoint
-from aogpt.config import model_config, train_config
+from aogpt.config import model_config, to_dict, train_config
 from aogpt.encoder import (
     any_cut_estimate,
     draw_masks,
@@ -362,7 +362,7 @@ def test_trains_validates_and_round_trips_through_a_checkpoint(tmp_path):
     first, second = trainer.evaluate(), trainer.evaluate()
     assert first == second and set(first) == {"val/l2r/raw", "val/any/raw", "val/l2r/ema", "val/any/ema"}
     assert all(math.log(V) - 1.5 < v < math.log(V) + 1.5 for v in first.values())
-    save_checkpoint(tmp_path / "ckpt", trainer.raw, config={"model": mc.__dict__})
+    save_checkpoint(tmp_path / "ckpt", trainer.raw, config={"model": to_dict(mc)})
     loaded = load(tmp_path / "ckpt", weights="raw")
     assert loaded.config.variant == "encoder-mdm"
     idx = torch.randint(V, (2, 8))

@@ -75,7 +75,12 @@ def build_model(variant: str, size: Size, block_size: int, device: torch.device,
     if checkpoint is not None:
         from aogpt.checkpoint import load
 
-        model = load(checkpoint, device=device).model
+        try:
+            model = load(checkpoint, device=device).model
+        except AOGPTError as exc:  # timing does not depend on the weights: raw ones do when there is no EMA
+            if "holds no ema weights" not in str(exc):
+                raise
+            model = load(checkpoint, weights="raw", device=device).model
         cfg = model.config
         if cfg.variant != variant:
             raise AOGPTError(f"checkpoint {checkpoint} holds a {cfg.variant} model, not {variant}",
