@@ -6,6 +6,14 @@ and imports. Also prints the CPU time (a figure that other load on the machine i
 wall time; compare it with the load average shown) and times the stages separately for one run.
 
     python benchmarks/prepare.py [--runs 5] [--tokenizer gpt2] [--corpus shakespeare] [--json]
+
+`--workers-bench` instead times multi-worker tokenization on a synthetic corpus (`--synthetic-mb`
+of random-word documents in a .jsonl, with sharding on): in-process with the tokenizer's own threads,
+in-process single-threaded (gpt2 only: tiktoken threads), and `--workers` spawned processes
+(start-up included), interleaved run by run, medians of `--runs`, tokens/s and the speed-up over
+one thread.
+
+    python benchmarks/prepare.py --workers-bench [--workers 2] [--synthetic-mb 40] [--runs 3] [--json]
 """
 
 from __future__ import annotations
@@ -18,9 +26,19 @@ import tempfile
 import time
 from pathlib import Path
 
+from aogpt import shards
 from aogpt import tokenizer as tk
 from aogpt.corpora import load_corpus
-from aogpt.data import prepare, split_pieces
+from aogpt.shards import split_pieces
+
+# aogpt.data (and torch with it) is imported inside the functions: spawned tokenizer workers re-import
+# this script as their main module, and a light one keeps their start-up as cheap as under the CLI.
+
+
+def prepare(*args, **kw) -> dict:
+    from aogpt.data import prepare as _prepare
+
+    return _prepare(*args, **kw)
 
 
 def _stages(corpus: str, spec: str) -> dict[str, float]:
@@ -35,13 +53,84 @@ def _stages(corpus: str, spec: str) -> dict[str, float]:
     return {"read_and_clean_s": t1 - t0, "tokenizer_s": t2 - t1, "encode_s": t3 - t2}
 
 
+def _synthetic(path: Path, megabytes: float, seed: int = 0) -> int:
+    """A .jsonl of random-word documents (100-5000 words), about `megabytes` MB; returns its characters."""
+    import random
+
+    rng = random.Random(seed)
+    words = [
+        "".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in range(5000)
+    ] + "the of and to in a is that for it as was with be by on not".split() * 50
+    chars = 0
+    with open(path, "w", encoding="utf-8") as f:
+        while chars < megabytes * 1e6:
+            text = " ".join(rng.choices(words, k=rng.randint(100, 5000)))
+            text = ".\n".join(text[i : i + 400] for i in range(0, len(text), 400)) + ".\n"
+            f.write(json.dumps({"text": text}) + "\n")
+            chars += len(text)
+    return chars
+
+
+def workers_bench(args: argparse.Namespace) -> None:
+    modes = {"in-process, tokenizer threads": (1, None), "in-process, 1 thread": (1, 1)}
+    modes[f"{args.workers} worker processes"] = (args.workers, None)
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    meta: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "synthetic.jsonl"
+        chars = _synthetic(corpus, args.synthetic_mb)
+        tk.load_tokenizer(args.tokenizer)  # warm the GPT-2 encoding cache for every mode alike
+        for r in range(args.runs):
+            for name, (workers, threads) in modes.items():
+                tk.GPT2Tokenizer.threads = threads
+                t = time.perf_counter()
+                meta = prepare(
+                    str(corpus),
+                    args.tokenizer,
+                    Path(tmp) / f"out-{r}-{workers}-{threads}",
+                    workers=workers,
+                    shard_tokens=2_000_000,
+                    progress=False,
+                )
+                times[name].append(time.perf_counter() - t)
+                tk.GPT2Tokenizer.threads = None
+    tokens = meta["splits"]["train"]["tokens"] + meta["splits"]["val"]["tokens"]
+    med = {m: statistics.median(ts) for m, ts in times.items()}
+    single = med["in-process, 1 thread"]
+    result = {
+        "benchmark": "prepare-workers",
+        "tokenizer": args.tokenizer,
+        "chars": chars,
+        "tokens": tokens,
+        "cpus": shards.default_workers(None),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "runs": args.runs,
+        "median_s": {m: round(v, 3) for m, v in med.items()},
+        "tokens_per_s": {m: round(tokens / v) for m, v in med.items()},
+        "speedup_over_1_thread": {m: round(single / v, 3) for m, v in med.items()},
+    }
+    head = f"prepare {chars / 1e6:.0f} MB synthetic --tokenizer {args.tokenizer}"
+    print(f"{head}: {tokens:,} tokens, medians of {args.runs} interleaved runs")
+    for m in modes:
+        print(f"  {m:30s} {med[m]:6.2f} s  {tokens / med[m] / 1e6:5.2f} M tokens/s  x{single / med[m]:.2f}")
+    print(f"  {result['cpus']} CPUs; load average {result['load_avg_1m']}")
+    if args.json:
+        print(json.dumps(result))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--corpus", default="shakespeare")
     ap.add_argument("--tokenizer", default="gpt2")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--workers-bench", action="store_true", help="time 1 vs N workers on a synthetic corpus")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--synthetic-mb", type=float, default=40.0)
     args = ap.parse_args()
+    if args.workers_bench:
+        workers_bench(args)
+        return
 
     times, cpu, meta = [], [], {}
     with tempfile.TemporaryDirectory() as tmp:
