@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
-from test_corpora import fake_datasets
 
 from aogpt import shards as shards_mod
 from aogpt.data import PreparedData, partial_dir, prepare
 from aogpt.errors import AOGPTError
 from aogpt.tokenizer import ByteTokenizer, load_tokenizer
+from tests.test_corpora import fake_datasets
 
 WORDS = "the of and to in a is that for it as was with be by on not he this are or his from at which".split()
 SHARD = 7919  # tokens per shard in most tests: a prime, so boundaries fall anywhere
@@ -341,3 +341,12 @@ def test_a_truncated_shard_is_reported(sharded: PreparedData, tmp_path) -> None:
         f.truncate(10)
     with pytest.raises(AOGPTError, match="train-00001.bin has 10 bytes, but meta.json promises 800 uint16"):
         PreparedData(copy).get_batch("train", 1, 8, 0)
+
+
+def test_a_worker_that_cannot_load_the_tokenizer_fails_cleanly(tmp_path) -> None:
+    from aogpt.tokenizer import train_bpe
+
+    tok = train_bpe(["a small text to train on\n"] * 20, 300)  # its tokenizer.json is not in tmp_path
+    source = iter([[("train", "hello")], [("train", "world")]])
+    with pytest.raises(AOGPTError, match="needs its trained tokenizer.json"):
+        list(shards_mod.encoded(source, tok, tmp_path, np.dtype(np.uint16), 2))

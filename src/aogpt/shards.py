@@ -119,12 +119,18 @@ _worker: dict[str, Any] = {}
 def _init_worker(spec: str, directory: str, dtype: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the pool
     os.environ["RAYON_NUM_THREADS"] = "1"  # HF tokenizers: one thread per process
-    tok = load_tokenizer(spec, Path(directory))
+    try:
+        tok = load_tokenizer(spec, Path(directory))
+    except Exception as exc:  # raised from the first task instead: a failing initializer makes Pool respawn forever
+        _worker["error"] = exc
+        return
     tok.threads = 1
     _worker.update(tok=tok, dtype=np.dtype(dtype))
 
 
 def _encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    if "error" in _worker:
+        raise _worker["error"]
     return encode_documents(_worker["tok"], texts, _worker["dtype"])
 
 

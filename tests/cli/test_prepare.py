@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_corpora import fake_datasets
 
 import aogpt.cli
+from tests.test_corpora import fake_datasets
 
 
 @pytest.fixture(autouse=True)
