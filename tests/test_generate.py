@@ -26,6 +26,15 @@ from aogpt.schedules import count_schedule
 FIXTURE = Path("/work/shared/fixtures/reference-checkpoints")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors: one thread avoids oversubscription on a shared machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def tiny_model(variant: str = "aogpt", vocab: int = 11, block: int = 12, n_embd: int = 16, n_layer: int = 2,
                scale: float = 0.5, seed: int = 0, dtype: torch.dtype = torch.float64) -> Transformer:
     """A random model whose conditionals are far from uniform (large weights) and order dependent."""
@@ -43,13 +52,16 @@ def reference_logits(model: Transformer, chain: torch.Tensor, y: torch.Tensor, c
                      ) -> torch.Tensor:
     """Logits for chain position `target` given the first `context` chain tokens: one causal forward.
 
-    chain: (n,) positions in decision order; y: (n,) tokens in chain order.
+    chain: (n,) positions in decision order; y: (n,) or (X, n) tokens in chain order.
     """
-    tokens = torch.cat([torch.tensor([-1]), y[:context]])
-    pos = torch.cat([torch.tensor([0]), chain[:context] + 1])
-    tgt = torch.cat([chain[:context], chain[target:target + 1]])
+    ys = y.reshape(-1, y.shape[-1])
+    X = ys.shape[0]
+    tokens = torch.cat([torch.full((X, 1), -1), ys[:, :context]], 1)
+    pos = torch.cat([torch.tensor([0]), chain[:context] + 1]).expand(X, context + 1)
+    tgt = torch.cat([chain[:context], chain[target:target + 1]]).expand(X, context + 1)
     with torch.no_grad():
-        return model.forward_slots(tokens[None], pos[None], tgt[None])[0, -1]
+        out = model.forward_slots(tokens, pos, tgt)[:, -1]
+    return out.reshape(*y.shape[:-1], -1)
 
 
 def boundaries(known: int, counts: torch.Tensor) -> list[int]:
@@ -70,9 +82,17 @@ def check_against_reference(model: Transformer, res, atol: float) -> None:
         for i, g in enumerate(ctx):
             if g is None:
                 assert torch.isnan(res.logits[b, i]).all()
-                continue
-            ref = reference_logits(model, chain, y, g, i)
-            torch.testing.assert_close(res.logits[b, i], ref, atol=atol, rtol=0)
+        for g in sorted({g for g in ctx if g is not None}):
+            targets = [i for i, c in enumerate(ctx) if c == g]
+            # one forward per target (rows of a batch): context chain + the pending slot aimed at it
+            rows = torch.stack([torch.cat([chain[:g], chain[i:i + 1]]) for i in targets])
+            tokens = torch.cat([torch.tensor([-1]), y[:g]]).expand(len(targets), g + 1)
+            pos = torch.cat([torch.tensor([0]), chain[:g] + 1]).expand(len(targets), g + 1)
+            with torch.no_grad():
+                ref = model.forward_slots(tokens, pos, rows)[:, -1]
+            torch.testing.assert_close(res.logits[b, targets], ref, atol=atol, rtol=0)
+            if b == 0 and g == ctx[-1]:  # the batched reference equals the single-target helper
+                torch.testing.assert_close(ref[0], reference_logits(model, chain, y, g, targets[0]), atol=1e-12, rtol=0)
 
 
 # ----------------------------------------------------------------------------- cache vs recompute
@@ -143,24 +163,22 @@ def test_reference_generator_fixture(dtype, atol):
 # ----------------------------------------------------------------------------- exact sampling
 def exact_joint(model: Transformer, n: int, V: int, plans: list[tuple[float, list[int]]]) -> np.ndarray:
     """p(x) for every x in V^n: mean over all n! orders, sum over step plans, of the product of the
-    conditionals each step samples from (computed with `reference_logits`)."""
-    probs = np.zeros(V ** n)
+    conditionals each step samples from (computed with `reference_logits`, all x at once)."""
+    xs = torch.tensor(list(itertools.product(range(V), repeat=n)))  # (V^n, n), row index = code of x
+    probs = torch.zeros(len(xs), dtype=torch.float64)
     orders = list(itertools.permutations(range(n)))
-    for xi, x in enumerate(itertools.product(range(V), repeat=n)):
-        x = torch.tensor(x)
-        total = 0.0
-        for order in orders:
-            chain = torch.tensor(order)
-            y = x[chain]
-            for weight, sizes in plans:
-                p, g = 1.0, 0
-                for k in sizes:
-                    for i in range(g, g + k):
-                        p *= torch.softmax(reference_logits(model, chain, y, g, i), -1)[y[i]].item()
-                    g += k
-                total += weight * p
-        probs[xi] = total / len(orders)
-    return probs
+    for order in orders:
+        chain = torch.tensor(order)
+        y = xs[:, chain]
+        for weight, sizes in plans:
+            p, g = torch.ones(len(xs), dtype=torch.float64), 0
+            for k in sizes:
+                for i in range(g, g + k):
+                    cond = torch.softmax(reference_logits(model, chain, y, g, i).double(), -1)
+                    p = p * cond.gather(1, y[:, i:i + 1])[:, 0]
+                g += k
+            probs += weight * p
+    return (probs / len(orders)).numpy()
 
 
 def chi2_pvalue(tokens: torch.Tensor, V: int, probs: np.ndarray) -> float:

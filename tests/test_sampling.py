@@ -16,6 +16,15 @@ from aogpt.sampling import SamplingConfig, categorical, probabilities, sample_to
 FIXTURE = Path("/work/shared/fixtures/reference-checkpoints/expected.npz")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors: one thread avoids oversubscription on a shared machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def test_top_p_matches_reference_vectors():
     exp = np.load(FIXTURE)
     probs_in = torch.from_numpy(exp["topp_probs_in_f32"])  # already at temperature 0.9

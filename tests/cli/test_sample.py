@@ -15,6 +15,15 @@ from aogpt.model import Transformer
 from aogpt.tokenizer import ByteTokenizer
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors: one thread avoids oversubscription on a shared machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def make_ckpt(root: Path, variant: str) -> Path:
     torch.manual_seed(0)
     extra = {"target_dim": 8} if variant == "aogpt" else {}
