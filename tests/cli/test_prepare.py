@@ -118,19 +118,21 @@ def test_interrupted_prepare_resumes(tmp_path, cli, monkeypatch: pytest.MonkeyPa
     assert r.json["val_shards"] == -(-r.json["val_tokens"] // 5000) > 1
     assert r.json["val_documents"] == 100 and r.json["resumed_documents"] == 0
 
+    commits = r.json["train_tokens"] // 5000 + r.json["val_tokens"] // 5000  # one per filled shard
     real, calls = shards.write_json, []
 
-    def interrupt_at_fourth_commit(path, obj):
-        calls.append(1)
-        if len(calls) == 4:
+    def interrupt_at_the_last_commit(path, obj):  # the validation shards are written last
+        if len(calls) == commits - 1:
             raise KeyboardInterrupt
+        calls.append(obj["partial"])
         real(path, obj)
 
-    monkeypatch.setattr(shards, "write_json", interrupt_at_fourth_commit)
+    monkeypatch.setattr(shards, "write_json", interrupt_at_the_last_commit)
     r = cli(*args, "--out", tmp_path / "out")
     assert r.code == 130 and "interrupted" in r.err
     monkeypatch.setattr(shards, "write_json", real)
     assert not (tmp_path / "out").exists() and (tmp_path / ".out.partial" / "progress.json").is_file()
+    assert calls[-1]["split"] == "val"  # resuming inside a validation document
 
     r = cli(*args[:-1], "6000", "--out", tmp_path / "out")
     assert r.code == 2 and "differs in: shard_tokens" in r.err and "--restart" in r.err
