@@ -350,3 +350,40 @@ def test_a_worker_that_cannot_load_the_tokenizer_fails_cleanly(tmp_path) -> None
     source = iter([[("train", "hello")], [("train", "world")]])
     with pytest.raises(AOGPTError, match="needs its trained tokenizer.json"):
         list(shards_mod.encoded(source, tok, tmp_path, np.dtype(np.uint16), 2))
+
+
+def test_interleaved_splits_shard_and_resume(tmp_path, owt, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hash split: validation documents arrive between training ones, so both splits' open shards are
+    committed mid-stream and truncated on resume."""
+    kw = {"val_docs": None, "val_fraction": 0.3, "shard_tokens": 3001}
+    run(tmp_path / "whole", **{**kw, "shard_tokens": 10**9})
+    whole = PreparedData(tmp_path / "whole")
+    commits = commits_of_a_full_run(tmp_path / "reference", monkeypatch, **kw)
+    reference = PreparedData(tmp_path / "reference")
+    for split in ("train", "val"):
+        assert len(reference.shard_info(split)) > 5
+        assert np.array_equal(stream(reference, split), whole.split(split))
+
+    def resumed_with_open(split: str) -> list[int]:  # commits k whose predecessor left `split` mid-shard
+        return [k for k in range(1, len(commits)) if commits[k - 1]["splits"][split]["open"]["tokens"]]
+
+    real = shards_mod.write_json
+    for k in (resumed_with_open("val")[3], resumed_with_open("train")[-3]):
+        calls = []
+
+        def crash(path, obj, calls=calls, k=k):
+            if len(calls) == k:
+                raise Interrupt
+            calls.append(1)
+            real(path, obj)
+
+        monkeypatch.setattr(shards_mod, "write_json", crash)
+        with pytest.raises(Interrupt):
+            run(tmp_path / f"out{k}", **kw)
+        monkeypatch.setattr(shards_mod, "write_json", real)
+        partial = partial_dir(tmp_path / f"out{k}")
+        for split, state in json.loads((partial / "progress.json").read_text())["splits"].items():
+            grown = (partial / state["open"]["file"]).stat().st_size - 2 * state["open"]["tokens"]
+            assert grown > 0 or split == "train", (split, k)  # validation ids written after the commit
+        run(tmp_path / f"out{k}", **kw)
+        assert files(tmp_path / f"out{k}") == files(tmp_path / "reference"), k
