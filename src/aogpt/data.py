@@ -47,6 +47,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -193,6 +194,9 @@ def prepare(
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir()
     resumed = sum(state["done"].values()) if state else 0
+    if state is not None and progress:
+        finished = sum(len(v["closed"]) for v in state["splits"].values())
+        print(f"resuming {work}: {resumed:,} documents, {finished} shards done", file=sys.stderr)
     try:
         if state is not None and kind == "bpe":
             tok = load_tokenizer(spec, work)  # trained before the interruption
