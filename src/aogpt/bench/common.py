@@ -146,6 +146,20 @@ def environment(device: torch.device) -> dict[str, Any]:
     return env
 
 
+def describe_environment(env: dict[str, Any]) -> str:
+    """One line for the report, with a warning when the machine was busier than it has CPUs: torch's
+    threads then wait on each other and timings swing by an order of magnitude."""
+    line = f"Device {env['device']}, {env['threads']} threads, torch {env['torch']}"
+    load = env.get("load_average")
+    if load is not None:
+        line += f", load average {load}"
+    line += "."
+    if load is not None and env.get("cpus") and env["device"] == "cpu" and load[0] > env["cpus"]:
+        line += (f" **Warning: the machine was busy (load {load[0]} on {env['cpus']} CPUs); timings are unreliable."
+                 " On a shared machine `--threads 1` avoids thread over-subscription.**")
+    return line
+
+
 def fmt_seconds(s: float | None) -> str:
     if s is None:
         return "-"

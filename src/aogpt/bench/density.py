@@ -20,6 +20,7 @@ from aogpt.bench.common import (
     Target,
     build_model,
     default_size,
+    describe_environment,
     environment,
     fmt_ratio,
     fmt_seconds,
@@ -88,8 +89,7 @@ def to_markdown(result: dict[str, Any]) -> str:
         "",
         f"Exact NLL of {result['batch']} sequence(s) of n = {n} tokens under one order, median of {result['repeats']}"
         f" runs. Models of equal size: {size['n_layer']} layers, width {size['n_embd']}, {size['n_head']} heads, "
-        f"vocabulary {size['vocab_size']}. Device {env['device']}, {env['threads']} threads, torch {env['torch']}"
-        + (f", load average {env['load_average']}" if "load_average" in env else "") + ".",
+        f"vocabulary {size['vocab_size']}. " + describe_environment(env),
         "",
         markdown_table(["model", "time", "per sequence", "encoder ÷ this"], rows),
         "",

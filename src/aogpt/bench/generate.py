@@ -29,6 +29,7 @@ from aogpt.bench.common import (
     Target,
     build_model,
     default_size,
+    describe_environment,
     environment,
     fmt_ratio,
     fmt_seconds,
@@ -181,8 +182,7 @@ def to_markdown(result: dict[str, Any]) -> str:
         f"{result['repeats']} runs (runs over {result['long_run_s']:g} s are not repeated). Models of equal size: "
         f"{size['n_layer']} layers, width {size['n_embd']}, {size['n_head']} heads, vocabulary {size['vocab_size']}"
         f" ({'checkpoints: ' + ', '.join(result['checkpoints']) if result['checkpoints'] else 'random weights'}).",
-        f"Device {env['device']}, {env['threads']} threads, torch {env['torch']}"
-        + (f", load average {env['load_average']}" if "load_average" in env else "") + ".",
+        describe_environment(env),
         "",
         markdown_table(headers, rows),
     ]

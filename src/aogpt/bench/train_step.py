@@ -19,6 +19,7 @@ from aogpt.bench.common import (
     Size,
     Target,
     default_size,
+    describe_environment,
     environment,
     fmt_ratio,
     fmt_seconds,
@@ -102,8 +103,7 @@ def to_markdown(result: dict[str, Any]) -> str:
         f"One optimizer step (forward, backward, clipping, AdamW, EMA) on batch {result['batch']} x block "
         f"{result['block']}, median of {result['steps']} steps after {result['warmup']} warm-up steps. Equal size: "
         f"{size['n_layer']} layers, width {size['n_embd']}, {size['n_head']} heads, vocabulary {size['vocab_size']}."
-        f" Device {env['device']}, {env['threads']} threads, torch {env['torch']}"
-        + (f", load average {env['load_average']}" if "load_average" in env else "") + ".",
+        " " + describe_environment(env),
         "",
         markdown_table(["variant", "s / step", "tokens / s", "÷ gpt", "paper code (s / step)", "paper ÷ nanoGPT"],
                        rows),
