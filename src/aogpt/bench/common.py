@@ -155,8 +155,10 @@ def describe_environment(env: dict[str, Any]) -> str:
         line += f", load average {load}"
     line += "."
     if load is not None and env.get("cpus") and env["device"] == "cpu" and load[0] > env["cpus"]:
-        line += (f" **Warning: the machine was busy (load {load[0]} on {env['cpus']} CPUs); timings are unreliable."
-                 " On a shared machine `--threads 1` avoids thread over-subscription.**")
+        line += f" **Warning: the machine was busy (load {load[0]} on {env['cpus']} CPUs); timings are unreliable."
+        if env.get("threads", 1) > 1:
+            line += " On a shared machine `--threads 1` avoids thread over-subscription."
+        line += "**"
     return line
 
 
