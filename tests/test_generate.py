@@ -338,6 +338,8 @@ def test_gpt_refuses_parallel_or_any_order():
     (dict(temperature=0.0), "temperature"), (dict(temperature=-1.0), "temperature"), (dict(length=13), "context"),
     (dict(prompt=[1] * 12), "prompt"), (dict(policy="greedy"), "policy"), (dict(order="r2l"), "order"),
     (dict(order=[0, 0, 1]), "shape"), (dict(prompt=[99]), "vocabulary"), (dict(schedule="exp"), "schedule"),
+    (dict(batch_size=0), "batch size"), (dict(num_samples=0), "num_samples"), (dict(top_k=-1), "top-k"),
+    (dict(order=[0, 0] + list(range(2, 12))), "permutation"),
 ])
 def test_bad_generation_input(kw, match):
     model = tiny_model("aogpt")

@@ -379,9 +379,10 @@ def generate(model: torch.nn.Module, *, num_samples: int = 1, length: int | None
                          f"use e.g. --steps {masked}")
     if num_samples < 1:
         raise AOGPTError(f"num_samples must be >= 1, got {num_samples}", "ask for at least one sample")
-    batch_size = min(num_samples, batch_size or 32)
+    batch_size = 32 if batch_size is None else int(batch_size)
     if batch_size < 1:
         raise AOGPTError(f"batch size must be >= 1, got {batch_size}", "use e.g. --batch-size 8")
+    batch_size = min(num_samples, batch_size)
     order = _check_order("l2r" if (order is None and is_ar) else order, num_samples, n)
     vocab_limit = getattr(tokenizer, "vocab_size", None)
     if vocab_limit is not None and vocab_limit > model.config.vocab_size:
