@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from aogpt.bench.common import QUICK_SIZE, Size, Target, median_time, parse_checkpoints, parse_int_list
+from aogpt.bench.common import QUICK_SIZE, Size, Target, interleaved_medians, parse_checkpoints, parse_int_list
 from aogpt.bench.density import bench_density
 from aogpt.bench.generate import METHODS, bench_generate, check_methods, ratios
 from aogpt.bench.train_step import bench_train
@@ -119,10 +119,12 @@ def test_bad_inputs():
 
 def test_helpers():
     calls = []
-    med, times = median_time(lambda: calls.append(1), torch.device("cpu"), repeats=3, long_run=10.0)
-    assert len(calls) == len(times) == 3 and med == sorted(times)[1]
-    slow = median_time(lambda: calls.append(1), torch.device("cpu"), repeats=3, long_run=-1.0)[1]
-    assert len(slow) == 1  # a run longer than long_run is not repeated
+    fns = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    med, runs = interleaved_medians(fns, torch.device("cpu"), repeats=3, long_run=10.0)
+    assert calls == ["a", "b"] * 3 and med["a"] == sorted(runs["a"])[1]  # round robin, median of 3
+    calls.clear()
+    med, runs = interleaved_medians(fns, torch.device("cpu"), repeats=3, long_run=-1.0)
+    assert calls == ["a", "b"] and len(runs["a"]) == 1  # a run longer than long_run is not repeated
     assert Target("x", 30.0, 25.0, True).met and not Target("y", 1.4, 1.3, False).met
     assert Target("z", None, 1.0, True).met is None
     fake = {"steps": [4], "n": 4, "seconds": {"aogpt": {"4": 2.0}, "encoder": {"4": 50.0}, "gpt": {"4": 1.0}}}

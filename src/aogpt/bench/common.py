@@ -124,14 +124,22 @@ def timed(fn: Callable[[], Any], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def median_time(fn: Callable[[], Any], device: torch.device, repeats: int,
-                long_run: float) -> tuple[float, list[float]]:
-    """Median over `repeats` calls; a call longer than `long_run` seconds is not repeated (its
-    relative noise is already small, and the slow baselines would otherwise dominate the run)."""
-    times = [timed(fn, device)]
-    while len(times) < repeats and times[0] <= long_run:
-        times.append(timed(fn, device))
-    return statistics.median(times), times
+def interleaved_medians(calls: dict[Any, Callable[[], Any]], device: torch.device, repeats: int, long_run: float,
+                        progress: Callable[[Any], None] | None = None
+                        ) -> tuple[dict[Any, float], dict[Any, list[float]]]:
+    """Median seconds of every call over `repeats` rounds. Each round runs every call once, in order,
+    so a change in the machine's load hits all contenders alike. A call whose first run took longer
+    than `long_run` seconds is not repeated (its relative noise is already small, and the slow
+    baselines would otherwise dominate the run). progress(key) is called after every run."""
+    runs: dict[Any, list[float]] = {k: [] for k in calls}
+    for r in range(repeats):
+        for key, fn in calls.items():
+            if r and runs[key][0] > long_run:
+                continue
+            runs[key].append(timed(fn, device))
+            if progress is not None:
+                progress(key)
+    return {k: statistics.median(v) for k, v in runs.items()}, runs
 
 
 def environment(device: torch.device) -> dict[str, Any]:

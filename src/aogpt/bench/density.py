@@ -24,8 +24,8 @@ from aogpt.bench.common import (
     environment,
     fmt_ratio,
     fmt_seconds,
+    interleaved_medians,
     markdown_table,
-    median_time,
     resolve_device,
     write_outputs,
 )
@@ -57,14 +57,18 @@ def bench_density(*, n: int = 256, batch: int = 1, size: Size | None = None, rep
         "gpt": lambda: models["gpt"](idx)[1].sum(1),
         "encoder-mdm": lambda: order_nll(models["encoder-mdm"], idx, order, token_budget=token_budget).sum(1),
     }
-    seconds, runs, nll = {}, {}, {}
+    done = [0]
+
+    def tick(key: str) -> None:
+        done[0] += 1
+        if progress is not None:
+            progress(done[0], key)
+
     with torch.inference_mode():
-        for i, (v, fn) in enumerate(calls.items()):
+        for fn in calls.values():
             fn()  # warm-up
-            seconds[v], runs[v] = median_time(fn, dev, repeats, long_run)
-            nll[v] = float(fn().mean()) / n
-            if progress is not None:
-                progress(i + 1, v)
+        seconds, runs = interleaved_medians(calls, dev, repeats, long_run, tick)
+        nll = {v: float(fn().mean()) / n for v, fn in calls.items()}
     result = {"benchmark": "density", "n": n, "batch": batch, "size": size.to_dict(), "repeats": repeats,
               "long_run_s": long_run, "seed": seed, "checkpoints": {k: str(v) for k, v in checkpoints.items()},
               "seconds": seconds, "runs": runs, "nll_per_token": nll, "forwards_per_sequence":

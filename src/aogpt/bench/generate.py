@@ -33,8 +33,8 @@ from aogpt.bench.common import (
     environment,
     fmt_ratio,
     fmt_seconds,
+    interleaved_medians,
     markdown_table,
-    median_time,
     resolve_device,
     write_outputs,
 )
@@ -72,7 +72,8 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
                    progress: Callable[[int, str], None] | None = None) -> dict[str, Any]:
     """Time every method at every T; write DIR/generate.{md,json,png} when `out` is given.
 
-    progress(done, label) is called after each measurement. Returns the summary (see `to_markdown`).
+    Every round of repeats runs each (method, T) once, so load changes hit all contenders alike.
+    progress(done, label) is called after each run. Returns the summary (see `to_markdown`).
     """
     methods = check_methods(methods)
     steps = sorted(set(int(t) for t in steps))
@@ -98,23 +99,31 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
 
     for m in methods:  # warm-up: allocator, kernels, lazy imports; not timed
         run(m, min(4, n), length=min(n, 16))()
+    last: dict[tuple[str, int], Any] = {}
+
+    def measured(method: str, T: int) -> Callable[[], None]:
+        fn = run(method, T)
+
+        def call() -> None:
+            last[(method, T)] = fn()
+
+        return call
+
+    calls = {(m, T): measured(m, T) for m in methods for T in ([n] if m == "gpt" else steps)}
+    done = [0]
+
+    def tick(key: tuple[str, int]) -> None:
+        done[0] += 1
+        if progress is not None:
+            progress(done[0], f"{key[0]} T={key[1]}")
+
+    medians, all_runs = interleaved_medians(calls, dev, repeats, long_run, tick)
     seconds: dict[str, dict[str, float]] = {m: {} for m in methods}
     runs: dict[str, dict[str, list[float]]] = {m: {} for m in methods}
     forwards: dict[str, dict[str, int]] = {m: {} for m in methods}
-    done = 0
-    for m in methods:
-        for T in ([n] if m == "gpt" else steps):
-            fn = run(m, T)
-            last: dict[str, Any] = {}
-
-            def call(fn=fn, last=last):
-                last["result"] = fn()
-
-            seconds[m][str(T)], runs[m][str(T)] = median_time(call, dev, repeats, long_run)
-            forwards[m][str(T)] = int(last["result"].timing["forwards"])
-            done += 1
-            if progress is not None:
-                progress(done, f"{m} T={T}")
+    for (m, T), sec in medians.items():
+        seconds[m][str(T)], runs[m][str(T)] = sec, all_runs[(m, T)]
+        forwards[m][str(T)] = int(last[(m, T)].timing["forwards"])
     result = {"benchmark": "generate", "n": n, "batch": batch, "steps": steps, "methods": methods,
               "size": size.to_dict(), "repeats": repeats, "long_run_s": long_run, "seed": seed,
               "checkpoints": {k: str(v) for k, v in checkpoints.items()},

@@ -41,7 +41,8 @@ def bench_train(*, block: int = 256, batch: int = 8, size: Size | None = None,
                 variants: tuple[str, ...] | list[str] = VARIANTS, steps: int = 5, warmup: int = 2,
                 device: str = "cpu", seed: int = 0, out: Path | None = None,
                 progress: Callable[[int, str], None] | None = None) -> dict[str, Any]:
-    """Median seconds per optimizer step over `steps` timed steps (after `warmup` untimed ones)."""
+    """Median seconds per optimizer step over `steps` timed steps (after `warmup` untimed ones), the
+    variants' steps interleaved."""
     bad = [v for v in variants if v not in VARIANTS]
     if bad or not variants:
         raise AOGPTError(f"unknown variant(s) {', '.join(bad) or '(none given)'}",
@@ -56,22 +57,25 @@ def bench_train(*, block: int = 256, batch: int = 8, size: Size | None = None,
     dev = resolve_device(device)
     size = default_size({}, size)
     variants = list(dict.fromkeys(variants))
-    seconds: dict[str, float] = {}
-    runs: dict[str, list[float]] = {}
-    losses: dict[str, float] = {}
-    for i, v in enumerate(variants):
+    trainers: dict[str, Any] = {}
+    for v in variants:
         tcfg = train_config(None, v, batch_size=batch, max_steps=10 ** 9, warmup_steps=10, eval_interval=10 ** 9,
                             ckpt_interval=10 ** 9, device=str(dev), seed=seed)
-        trainer = Trainer(size.config(v, block), tcfg, RandomTokens(size.vocab_size), None, show_progress=False)
+        trainers[v] = Trainer(size.config(v, block), tcfg, RandomTokens(size.vocab_size), None, show_progress=False)
         for _ in range(warmup):
-            trainer.train_step()
-        sync(dev)
-        runs[v] = [timed(trainer.train_step, dev) for _ in range(steps)]
-        seconds[v] = statistics.median(runs[v])
-        losses[v] = trainer.train_step().loss
-        del trainer
+            trainers[v].train_step()
+    sync(dev)
+    # Round robin: step s of every variant runs back to back, so a change in the machine's load hits
+    # all variants alike instead of whichever happened to run then.
+    runs: dict[str, list[float]] = {v: [] for v in variants}
+    losses: dict[str, float] = {}
+    for s in range(steps):
+        for v in variants:
+            runs[v].append(timed(lambda v=v: losses.__setitem__(v, trainers[v].train_step().loss), dev))
         if progress is not None:
-            progress(i + 1, v)
+            progress(s + 1, f"step {s + 1}")
+    seconds = {v: statistics.median(r) for v, r in runs.items()}
+    trainers.clear()  # free the models before the caller goes on
     tokens = batch * block
     result = {"benchmark": "train", "block": block, "batch": batch, "size": size.to_dict(), "variants": variants,
               "steps": steps, "warmup": warmup, "seed": seed, "seconds_per_step": seconds, "runs": runs,

@@ -147,12 +147,13 @@ def run_generate(args: argparse.Namespace) -> int:
     methods = bg.check_methods([m.strip() for m in args.methods.split(",")]) if args.methods \
         else list(bg.DEFAULT_METHODS)
     n = _pick(args.n, q, "n", 256, args.quick)
-    total = sum(1 if m == "gpt" else len([t for t in steps if t <= n]) for m in methods)
+    repeats = _pick(args.repeats, q, "repeats", 3, args.quick)
+    total = repeats * sum(1 if m == "gpt" else len([t for t in steps if t <= n]) for m in methods)
     bar, update = _bar(total, args, "bench generate")
     try:
         result = bg.bench_generate(
             n=n, batch=_pick(args.batch, q, "batch", 8, args.quick), steps=steps, size=_size(args, q["size"]),
-            methods=methods, repeats=_pick(args.repeats, q, "repeats", 3, args.quick), long_run=args.long_run,
+            methods=methods, repeats=repeats, long_run=args.long_run,
             device=args.device, seed=args.seed,
             checkpoints=parse_checkpoints(args.checkpoint, ("aogpt", "gpt", "encoder-mdm")), out=args.out,
             progress=update)
@@ -167,11 +168,12 @@ def run_density(args: argparse.Namespace) -> int:
 
     _setup(args)
     q = bd.QUICK
-    bar, update = _bar(len(bd.VARIANTS), args, "bench density")
+    repeats = _pick(args.repeats, q, "repeats", 3, args.quick)
+    bar, update = _bar(repeats * len(bd.VARIANTS), args, "bench density")
     try:
         result = bd.bench_density(
             n=_pick(args.n, q, "n", 256, args.quick), batch=_pick(args.batch, q, "batch", 1, args.quick),
-            size=_size(args, q["size"]), repeats=_pick(args.repeats, q, "repeats", 3, args.quick),
+            size=_size(args, q["size"]), repeats=repeats,
             long_run=args.long_run, device=args.device, seed=args.seed,
             checkpoints=parse_checkpoints(args.checkpoint, bd.VARIANTS), out=args.out, progress=update)
     finally:
@@ -185,11 +187,12 @@ def run_train(args: argparse.Namespace) -> int:
     _setup(args)
     q = bt.QUICK
     variants = [v.strip() for v in args.variants.split(",")] if args.variants else list(bt.VARIANTS)
-    bar, update = _bar(len(variants), args, "bench train")
+    steps = _pick(args.steps, q, "steps", 5, args.quick)
+    bar, update = _bar(steps, args, "bench train")
     try:
         result = bt.bench_train(
             block=_pick(args.block, q, "block", 256, args.quick), batch=_pick(args.batch, q, "batch", 8, args.quick),
-            size=_size(args, q["size"]), variants=variants, steps=_pick(args.steps, q, "steps", 5, args.quick),
+            size=_size(args, q["size"]), variants=variants, steps=steps,
             warmup=_pick(args.warmup, q, "warmup", 2, args.quick), device=args.device, seed=args.seed,
             out=args.out, progress=update)
     finally:
