@@ -188,3 +188,20 @@ def test_encoder_forward_sees_every_unmasked_token_and_no_masked_one():
     assert not torch.allclose(model(changed, mask=mask)[0][0, 0], logits[0, 0])
     with pytest.raises(AOGPTError):
         model(idx, torch.arange(6)[None])
+
+
+def test_inference_adaln_table_follows_weight_updates():
+    """Without gradients adaLN comes from a cached per-position table; an in-place weight update
+    (an optimizer step, an EMA update, load_state_dict) must invalidate it."""
+    model = tiny("aogpt")
+    idx = torch.randint(V, (2, 6))
+    order = torch.stack([torch.randperm(6) for _ in range(2)])
+    with torch.no_grad():
+        cached = model(idx, order)[0]
+    torch.testing.assert_close(cached, model(idx, order)[0].detach(), rtol=0, atol=1e-12)
+    with torch.no_grad():
+        model.transformer.h[1].adaLN[1].weight.add_(0.5)
+        model.transformer.wtpe.weight.mul_(1.5)
+        updated = model(idx, order)[0]
+    torch.testing.assert_close(updated, model(idx, order)[0].detach(), rtol=0, atol=1e-12)
+    assert not torch.allclose(updated, cached)

@@ -193,6 +193,7 @@ class Transformer(nn.Module):
         else:
             parts["ln_f"] = make_norm(cfg, d)
         self.transformer = nn.ModuleDict(parts)
+        self._tables: dict[int, tuple[tuple, torch.Tensor]] = {}  # inference cache of adaLN tables
         self.lm_head = nn.Linear(d, cfg.vocab_size, bias=cfg.head_bias)
         if cfg.tie_head:
             self.lm_head.weight = self.transformer.wte.weight
@@ -243,12 +244,24 @@ class Transformer(nn.Module):
         return x
 
     def _adaptive(self, layer: nn.Module, target: torch.Tensor) -> torch.Tensor:
-        """adaLN(wtpe[target]). It depends on the target position only, so with more slots than
-        positions it is computed once per position and gathered (much cheaper in training)."""
+        """adaLN(wtpe[target]). It depends on the target position only: without gradients (evaluation,
+        generation) the per-position table is computed once and reused until the weights change; in
+        training, with more slots than positions, it is computed per position and gathered."""
+        if not torch.is_grad_enabled():
+            return F.embedding(target, self._frozen_table(layer))
         table = F.pad(self.transformer.wtpe.weight, (0, 0, 0, 1))  # + the zero "no target" row
         if target.numel() > table.shape[0]:
             return F.embedding(target, layer(table))
         return layer(F.embedding(target, table))
+
+    def _frozen_table(self, layer: nn.Module) -> torch.Tensor:
+        weights = (self.transformer.wtpe.weight, *layer.parameters())
+        key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights)
+        cached = self._tables.get(id(layer))
+        if cached is None or cached[0] != key:
+            cached = (key, layer(F.pad(weights[0], (0, 0, 0, 1))))
+            self._tables[id(layer)] = cached
+        return cached[1]
 
     def _block_conditions(self, target: torch.Tensor | None) -> list[torch.Tensor | None]:
         kind, blocks = self.config.target, self.transformer.h
