@@ -205,3 +205,21 @@ def test_inference_adaln_table_follows_weight_updates():
         updated = model(idx, order)[0]
     torch.testing.assert_close(updated, model(idx, order)[0].detach(), rtol=0, atol=1e-12)
     assert not torch.allclose(updated, cached)
+
+
+def test_rmsnorm_custom_backward_matches_autograd():
+    from aogpt.model import RMSNorm, _RMSNormFunction
+
+    norm = RMSNorm(24).double()
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(24, dtype=torch.float64) + 0.5)
+    x = torch.randn(3, 5, 24, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(lambda a, w: _RMSNormFunction.apply(a, w, 1e-5), (x, norm.weight))
+    out = norm(x)
+    ref = F.rms_norm(x, (24,), norm.weight, 1e-5)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-15)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (x, norm.weight), g)
+    want = torch.autograd.grad(ref, (x, norm.weight), g)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)

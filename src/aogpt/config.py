@@ -44,6 +44,7 @@ class ModelConfig:
     target_dim: int = 128  # width of AO-GPT's target-position table that drives adaLN
     tie_head: bool = False
     head_bias: bool = True
+    pos_init: str = "normal"  # initial position tables: "normal" (GPT-2) or "sinusoidal" (scaled to std 0.02)
 
     @property
     def head_dim(self) -> int:
@@ -57,6 +58,7 @@ class ModelConfig:
         _check_choice("variant", self.variant, VARIANTS)
         _check_choice("target", self.target, TARGET_INJECTIONS)
         _check_choice("norm", self.norm, NORMS)
+        _check_choice("pos_init", self.pos_init, ("normal", "sinusoidal"))
         if self.n_embd % self.n_head:
             raise AOGPTError(f"n_embd {self.n_embd} is not divisible by n_head {self.n_head}", "change one")
         if self.variant in ("gpt", "encoder-mdm") and self.target != "none":

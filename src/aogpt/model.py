@@ -31,6 +31,32 @@ from aogpt.config import ModelConfig
 from aogpt.errors import AOGPTError
 
 
+class _RMSNormFunction(torch.autograd.Function):
+    """RMSNorm with a hand-written backward: on CPU, 2-4x faster than autograd through
+    `F.rms_norm`'s decomposition (four RMSNorms per AO-GPT block made them a large share of a
+    training step). Forward values are bit-identical to `F.rms_norm`."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        y = xf * r
+        ctx.save_for_backward(y, r, weight)
+        return (y * weight).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        y, r, weight = ctx.saved_tensors
+        grad = grad.to(y.dtype)
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            gy = grad * weight
+            grad_x = r * (gy - y * (gy * y).mean(-1, keepdim=True))
+        if ctx.needs_input_grad[1]:
+            grad_w = (grad * y).flatten(0, -2).sum(0).to(weight.dtype)
+        return grad_x, grad_w, None
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -38,7 +64,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        if x.is_cuda or not torch.is_grad_enabled():  # fused kernel on GPU; no backward needed otherwise
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        return _RMSNormFunction.apply(x, self.weight, self.eps)
 
 
 def make_norm(cfg: ModelConfig, dim: int) -> nn.Module:
@@ -49,6 +77,17 @@ def make_norm(cfg: ModelConfig, dim: int) -> nn.Module:
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.addcmul(shift, x, 1 + scale)
+
+
+def sinusoids(n: int, dim: int, std: float) -> torch.Tensor:
+    """Transformer sinusoids for positions 0..n-1, scaled so entries have standard deviation `std`:
+    nearby positions start with similar embeddings, a head start for learning where to attend."""
+    pos = torch.arange(n, dtype=torch.float64)[:, None]
+    freq = torch.exp(-math.log(10000.0) * torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    out = torch.zeros(n, dim, dtype=torch.float64)
+    out[:, 0::2] = torch.sin(pos * freq)
+    out[:, 1::2] = torch.cos(pos * freq)[:, : dim // 2]
+    return (out * std * math.sqrt(2)).float()
 
 
 def embed_target(table: nn.Embedding, target: torch.Tensor) -> torch.Tensor:
@@ -224,6 +263,14 @@ class Transformer(nn.Module):
                 nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.config.n_layer))
             else:
                 nn.init.normal_(p, 0.0, std)
+        if self.config.pos_init == "sinusoidal":
+            tr = self.transformer
+            with torch.no_grad():
+                tr.wpe.weight[1:].copy_(sinusoids(tr.wpe.weight.shape[0] - 1, tr.wpe.weight.shape[1], std))
+                tables = [tr.wtpe] if "wtpe" in tr else []
+                tables += [b.wtpe for b in tr.h if hasattr(b, "wtpe")]
+                for table in tables:
+                    table.weight.copy_(sinusoids(*table.weight.shape, std))
 
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
