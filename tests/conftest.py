@@ -7,6 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
+
+# Tiny models: one thread is faster than two (no synchronisation per small op) and immune to a
+# busy machine, where two spinning OpenMP threads slow everything down many times over.
+torch.set_num_threads(1)
 
 WORDS = ("the king queen sword crown night day love death sleep dream ghost castle sea storm "
          "fair foul honest noble villain friend brother father mother heart blood").split()

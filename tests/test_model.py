@@ -120,16 +120,38 @@ def test_gpt_left_to_right_equals_a_hand_written_causal_lm():
 def test_adaln_table_and_direct_paths_agree():
     """adaLN is computed per position and gathered when that is cheaper: same numbers either way."""
     model = tiny("aogpt")
-    layer = model.transformer.h[0].adaLN
+    block = model.transformer.h[0]
     few = torch.tensor([[0, 3]])
     many = torch.tensor([[0, 3, 8, 1, 2, 4, 5, 6, 7, 8, 8, 2]])  # 8 = the "no target" sentinel
-    table_rows = model._adaptive(layer, many)  # 12 slots > 9 table rows: table path
+    table_rows = model._adaptive(block, many)  # 12 slots > 9 table rows: table path
     for j in range(many.shape[1]):
-        direct = model._adaptive(layer, many[:, j: j + 1])
+        direct = model._adaptive(block, many[:, j: j + 1])
         torch.testing.assert_close(table_rows[:, j: j + 1], direct, rtol=0, atol=1e-12)
-    assert model._adaptive(layer, few).shape == (1, 2, 6 * 16)
-    none_row = model._adaptive(layer, torch.tensor([[8]]))  # SiLU(0) -> the Linear's bias only
-    torch.testing.assert_close(none_row[0, 0], layer[1].bias, rtol=0, atol=0)
+    assert model._adaptive(block, few).shape == (1, 2, 6 * 16)
+
+
+def test_folded_modulation_equals_the_reference_formula():
+    """gate * attn(norm(x) * (1 + scale) + shift) with the norm's weight folded into the table."""
+    from aogpt.model import LayerNorm
+
+    model = tiny("aogpt")
+    block = model.transformer.h[1]
+    for norm in (block.ln_1, LayerNorm(16).double()):
+        with torch.no_grad():
+            norm.weight.copy_(torch.rand(16, dtype=torch.float64) + 0.5)
+            if norm.bias is not None:
+                norm.bias.copy_(torch.randn(16, dtype=torch.float64))
+        x = torch.randn(5, 16, dtype=torch.float64)
+        shift, scale = torch.randn(2, 5, 16, dtype=torch.float64)
+        from aogpt.model import fold_affine
+
+        s2, k2 = fold_affine(norm, shift, scale)
+        torch.testing.assert_close(torch.addcmul(s2, norm.normalize(x), k2), norm(x) * (1 + scale) + shift)
+    none_row = model._adaptive(model.transformer.final_layer, torch.tensor([[8]]))[0, 0]
+    lin = model.transformer.final_layer.adaLN_final[1]  # SiLU(0) = 0: only the Linear's bias remains
+    shift, scale = lin.bias.chunk(2)
+    expected = torch.cat([shift, (1 + scale) * model.transformer.final_layer.ln_f.weight])
+    torch.testing.assert_close(none_row, expected, rtol=0, atol=1e-12)
 
 
 def test_last_slot_has_no_target_and_shapes():
@@ -201,6 +223,7 @@ def test_inference_adaln_table_follows_weight_updates():
     torch.testing.assert_close(cached, model(idx, order)[0].detach(), rtol=0, atol=1e-12)
     with torch.no_grad():
         model.transformer.h[1].adaLN[1].weight.add_(0.5)
+        model.transformer.h[0].ln_2.weight.add_(0.25)
         model.transformer.wtpe.weight.mul_(1.5)
         updated = model(idx, order)[0]
     torch.testing.assert_close(updated, model(idx, order)[0].detach(), rtol=0, atol=1e-12)

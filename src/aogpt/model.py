@@ -33,16 +33,15 @@ from aogpt.errors import AOGPTError
 
 class _RMSNormFunction(torch.autograd.Function):
     """RMSNorm with a hand-written backward: on CPU, 2-4x faster than autograd through
-    `F.rms_norm`'s decomposition (four RMSNorms per AO-GPT block made them a large share of a
-    training step). Forward values are bit-identical to `F.rms_norm`."""
+    `F.rms_norm`'s decomposition (AO-GPT has four RMSNorms per block)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
         xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
         y = xf * r
         ctx.save_for_backward(y, r, weight)
-        return (y * weight).to(x.dtype)
+        return (y if weight is None else y * weight).to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -50,11 +49,17 @@ class _RMSNormFunction(torch.autograd.Function):
         grad = grad.to(y.dtype)
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
-            gy = grad * weight
+            gy = grad if weight is None else grad * weight
             grad_x = r * (gy - y * (gy * y).mean(-1, keepdim=True))
-        if ctx.needs_input_grad[1]:
+        if weight is not None and ctx.needs_input_grad[1]:
             grad_w = (grad * y).flatten(0, -2).sum(0).to(weight.dtype)
         return grad_x, grad_w, None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    if x.is_cuda or not torch.is_grad_enabled():  # fused kernel on GPU; no backward needed otherwise
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return _RMSNormFunction.apply(x, weight, eps)
 
 
 class RMSNorm(nn.Module):
@@ -62,21 +67,36 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda or not torch.is_grad_enabled():  # fused kernel on GPU; no backward needed otherwise
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        return _RMSNormFunction.apply(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps)
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """Without the affine part (adaLN folds the weight into its per-position scale)."""
+        return rms_norm(x, None, self.eps)
+
+
+class LayerNorm(nn.LayerNorm):
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.normalized_shape, None, None, self.eps)
 
 
 def make_norm(cfg: ModelConfig, dim: int) -> nn.Module:
     if cfg.norm == "rmsnorm":
         return RMSNorm(dim, cfg.norm_eps)
-    return nn.LayerNorm(dim, eps=cfg.norm_eps, bias=cfg.bias)
+    return LayerNorm(dim, eps=cfg.norm_eps, bias=cfg.bias)
 
 
-def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return torch.addcmul(shift, x, 1 + scale)
+def fold_affine(norm: nn.Module, shift: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(shift', scale') with norm(x) * (1 + scale) + shift == normalize(x) * scale' + shift'.
+
+    adaLN modulates a norm's output; folding the norm's own weight and bias into the per-position
+    modulation leaves one fused multiply-add per slot and channel instead of three.
+    """
+    factor = 1 + scale
+    new_shift = shift if norm.bias is None else torch.addcmul(shift, norm.bias, factor)
+    return new_shift, factor * norm.weight
 
 
 def sinusoids(n: int, dim: int, std: float) -> torch.Tensor:
@@ -185,6 +205,12 @@ class Block(nn.Module):
         if cfg.target == "per-block":
             self.wtpe = nn.Embedding(cfg.block_size, cfg.n_embd)
 
+    def condition(self, target_embedding: torch.Tensor) -> torch.Tensor:
+        """adaLN rows (..., 6d): shift, scale, gate for attention then MLP, norms' affine folded in."""
+        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = self.adaLN(target_embedding).chunk(6, dim=-1)
+        return torch.cat([*fold_affine(self.ln_1, shift_a, scale_a), gate_a,
+                          *fold_affine(self.ln_2, shift_m, scale_m), gate_m], dim=-1)
+
     def forward(self, x: torch.Tensor, cond: torch.Tensor | None, attn_mask: torch.Tensor | None,
                 cache: KVCache | None) -> torch.Tensor:
         if not self.adaptive:
@@ -193,8 +219,10 @@ class Block(nn.Module):
             x = x + self.attn(self.ln_1(x), attn_mask, cache)
             return x + self.mlp(self.ln_2(x))
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = cond.chunk(6, dim=-1)
-        x = x + gate_a * self.attn(modulate(self.ln_1(x), shift_a, scale_a), attn_mask, cache)
-        return x + gate_m * self.mlp(modulate(self.ln_2(x), shift_m, scale_m))
+        h = torch.addcmul(shift_a, self.ln_1.normalize(x), scale_a)
+        x = torch.addcmul(x, gate_a, self.attn(h, attn_mask, cache))
+        h = torch.addcmul(shift_m, self.ln_2.normalize(x), scale_m)
+        return torch.addcmul(x, gate_m, self.mlp(h))
 
 
 class FinalLayer(nn.Module):
@@ -205,9 +233,13 @@ class FinalLayer(nn.Module):
         self.ln_f = make_norm(cfg, cfg.n_embd)
         self.adaLN_final = nn.Sequential(nn.SiLU(), nn.Linear(cfg.target_dim, 2 * cfg.n_embd))
 
-    def forward(self, x: torch.Tensor, mod: torch.Tensor) -> torch.Tensor:
-        shift, scale = mod.chunk(2, dim=-1)
-        return modulate(self.ln_f(x), shift, scale)
+    def condition(self, target_embedding: torch.Tensor) -> torch.Tensor:
+        shift, scale = self.adaLN_final(target_embedding).chunk(2, dim=-1)
+        return torch.cat(fold_affine(self.ln_f, shift, scale), dim=-1)
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        shift, scale = cond.chunk(2, dim=-1)
+        return torch.addcmul(shift, self.ln_f.normalize(x), scale)
 
 
 class Transformer(nn.Module):
@@ -290,30 +322,31 @@ class Transformer(nn.Module):
             x = x + embed_target(tr.wtpe, target)
         return x
 
-    def _adaptive(self, layer: nn.Module, target: torch.Tensor) -> torch.Tensor:
-        """adaLN(wtpe[target]). It depends on the target position only: without gradients (evaluation,
-        generation) the per-position table is computed once and reused until the weights change; in
-        training, with more slots than positions, it is computed per position and gathered."""
+    def _adaptive(self, module: nn.Module, target: torch.Tensor) -> torch.Tensor:
+        """`module.condition(wtpe[target])`: adaLN rows per slot. They depend on the target position
+        only: without gradients (evaluation, generation) the per-position table is computed once and
+        reused until the weights change; in training, with more slots than positions, it is computed
+        per position and gathered."""
         if not torch.is_grad_enabled():
-            return F.embedding(target, self._frozen_table(layer))
+            return F.embedding(target, self._frozen_table(module))
         table = F.pad(self.transformer.wtpe.weight, (0, 0, 0, 1))  # + the zero "no target" row
         if target.numel() > table.shape[0]:
-            return F.embedding(target, layer(table))
-        return layer(F.embedding(target, table))
+            return F.embedding(target, module.condition(table))
+        return module.condition(F.embedding(target, table))
 
-    def _frozen_table(self, layer: nn.Module) -> torch.Tensor:
-        weights = (self.transformer.wtpe.weight, *layer.parameters())
+    def _frozen_table(self, module: nn.Module) -> torch.Tensor:
+        weights = (self.transformer.wtpe.weight, *module.parameters())
         key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights)
-        cached = self._tables.get(id(layer))
+        cached = self._tables.get(id(module))
         if cached is None or cached[0] != key:
-            cached = (key, layer(F.pad(weights[0], (0, 0, 0, 1))))
-            self._tables[id(layer)] = cached
+            cached = (key, module.condition(F.pad(weights[0], (0, 0, 0, 1))))
+            self._tables[id(module)] = cached
         return cached[1]
 
     def _block_conditions(self, target: torch.Tensor | None) -> list[torch.Tensor | None]:
         kind, blocks = self.config.target, self.transformer.h
         if kind == "adaln":
-            return [self._adaptive(b.adaLN, target) for b in blocks]
+            return [self._adaptive(b, target) for b in blocks]
         if kind == "every-block":
             shared = embed_target(self.transformer.wtpe, target)
             return [shared] * len(blocks)
@@ -342,7 +375,7 @@ class Transformer(nn.Module):
             target = target.gather(1, select)
         if self.config.target == "adaln":
             final = self.transformer.final_layer
-            x = final(x, self._adaptive(final.adaLN_final, target))
+            x = final(x, self._adaptive(final, target))
         else:
             x = self.transformer.ln_f(x)
         return self.lm_head(x)
