@@ -37,6 +37,7 @@ from aogpt.checkpoint import (
     weights_of,
 )
 from aogpt.config import ModelConfig, TrainConfig, to_dict
+from aogpt.device import resolve_device
 from aogpt.ema import EMA
 from aogpt.errors import AOGPTError
 from aogpt.model import Transformer
@@ -65,17 +66,6 @@ class RandomTokens:
         g = torch.Generator().manual_seed(0)
         for _ in range(max_batches or 1):
             yield torch.randint(self.vocab_size, (batch_size, block_size), generator=g)
-
-
-def resolve_device(name: str, info: distributed.DistInfo | None = None) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise AOGPTError("CUDA was requested but is not available", "use --device cpu")
-        if info is not None and info.enabled and name == "cuda":
-            return torch.device("cuda", info.local_rank)
-    return torch.device(name)
 
 
 def autocast_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
@@ -173,7 +163,7 @@ class Trainer:
         show_progress: bool = True,
     ):
         self.info = info or distributed.DistInfo()
-        self.device = resolve_device(cfg.device, self.info)
+        self.device = resolve_device(cfg.device, self.info.local_rank if self.info.enabled else None)
         self.model_cfg, self.cfg = model_cfg, cfg
         self.data, self.out, self.tokenizer = data, Path(out) if out else None, tokenizer
         self.run_meta = run_meta or {}

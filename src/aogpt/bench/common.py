@@ -45,18 +45,6 @@ DEFAULT_SIZE = Size()  # the issue's: 4 layers, width 256, 4 heads, vocabulary 8
 QUICK_SIZE = Size(n_layer=2, n_embd=64, n_head=2, vocab_size=256)
 
 
-def resolve_device(spec: str) -> torch.device:
-    if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(spec)
-    except RuntimeError:
-        raise AOGPTError(f"unknown device {spec!r}", "use auto, cpu, cuda or cuda:N") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise AOGPTError("CUDA is not available on this machine", "use --device cpu")
-    return dev
-
-
 def parse_checkpoints(specs: list[str] | None, allowed: tuple[str, ...]) -> dict[str, Path]:
     """``VARIANT=PATH`` pairs: trained weights to time instead of random ones."""
     out: dict[str, Path] = {}

@@ -35,9 +35,9 @@ from aogpt.bench.common import (
     fmt_seconds,
     interleaved_medians,
     markdown_table,
-    resolve_device,
     write_outputs,
 )
+from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
 
 # method -> (variant, generate() keyword arguments)

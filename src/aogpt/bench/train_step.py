@@ -24,11 +24,11 @@ from aogpt.bench.common import (
     fmt_ratio,
     fmt_seconds,
     markdown_table,
-    resolve_device,
     sync,
     timed,
     write_outputs,
 )
+from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
 
 VARIANTS = ("gpt", "sigma", "aogpt", "encoder-mdm")

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from aogpt.cli.common import add_common, emit_json, progress
+from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
 
 HELP = "evaluate a checkpoint: NLL/perplexity (l2r, any-order bound, ensembles), zero-shot suites, gen. perplexity"
@@ -60,18 +61,6 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (default 1.0)")
     add_common(p)
     p.set_defaults(func=run)
-
-
-def _device(spec: str) -> torch.device:
-    if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(spec)
-    except RuntimeError:
-        raise AOGPTError(f"unknown device {spec!r}", "use auto, cpu, cuda or cuda:N") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise AOGPTError("CUDA is not available on this machine", "use --device cpu")
-    return dev
 
 
 def _same_tokenizer(loaded: Any, prepared: Any) -> None:
@@ -210,7 +199,7 @@ def _genppl(loaded: Any, args: argparse.Namespace, device: torch.device, dtype: 
 def run(args: argparse.Namespace) -> int:
     from aogpt import zeroshot
 
-    device = _device(args.device)
+    device = resolve_device(args.device)
     dtype = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}[args.dtype]
     sets = list(args.data) + (zeroshot.names(args.suite) if args.suite else [])
     wants_genppl = args.genppl is not None or args.genppl_samples is not None

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from aogpt.cli.common import add_common, emit_json, progress
+from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
 
 HELP = "sample text from a checkpoint: unconditional, continuing a prompt, or filling [MASK:k] blanks"
@@ -51,18 +52,6 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_common(p)
     p.set_defaults(func=run)
-
-
-def _device(spec: str) -> torch.device:
-    if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(spec)
-    except RuntimeError:
-        raise AOGPTError(f"unknown device {spec!r}", "use auto, cpu, cuda or cuda:N") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise AOGPTError("CUDA is not available on this machine", "use --device cpu")
-    return dev
 
 
 def _int_list(text: str, what: str, fix: str) -> list[int]:
@@ -123,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     from aogpt.checkpoint import load
     from aogpt.generate import generate, infill
 
-    device = _device(args.device)
+    device = resolve_device(args.device)
     loaded = load(args.checkpoint, weights=args.weights, device=device)
     if loaded.tokenizer is None:
         raise AOGPTError(f"checkpoint {loaded.path} has no tokenizer to decode samples", "re-save it with one")
