@@ -8,7 +8,7 @@ bash scripts/install.sh
 A=".venv/bin/aogpt"
 DATA=${QUICKSTART_DATA:-data/shakespeare-bpe4096}
 RUN=${QUICKSTART_RUN:-runs/quickstart-$(date +%Y%m%d-%H%M%S)}
-MINUTES=${QUICKSTART_MINUTES:-7}
+MINUTES=${QUICKSTART_MINUTES:-10}
 PRESET=${QUICKSTART_PRESET:-cpu-small}
 SEED=${QUICKSTART_SEED:-1337}
 
@@ -21,7 +21,7 @@ else
   $A prepare --corpus shakespeare --tokenizer bpe:4096 --out "$DATA"
 fi
 
-step "2/5 train: AO-GPT $PRESET for up to $MINUTES minutes -> $RUN"
+step "2/5 train: AO-GPT $PRESET (850 steps, capped at $MINUTES minutes) -> $RUN"
 $A train --preset "$PRESET" --variant aogpt --data "$DATA" --out "$RUN" --max-minutes "$MINUTES" --seed "$SEED"
 
 step "3/5 evaluate the EMA weights on the held-out plays"
