@@ -39,8 +39,8 @@ To be, or not to be, [MASK:12]
 OPHELIA:
 [MASK:10]" --steps 19 --temperature 0.8 --top-p 0.9 --seed "$SEED"
 
-step "5/5 speed: decoder with KV cache vs encoder-only MDM (random weights, small config)"
-$A bench generate --quick --out "$RUN/bench"
+step "5/5 speed: decoder with KV cache vs encoder-only MDM (random weights, 4 x 256, n = 128, batch 8)"
+$A bench generate --n 128 --steps 16,128 --repeats 1 --methods aogpt,encoder,gpt --out "$RUN/bench"
 
 echo
 echo "run directory: $RUN  (loss plot: $RUN/loss.png, metrics: $RUN/metrics.jsonl)"

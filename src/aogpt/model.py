@@ -205,6 +205,10 @@ class Block(nn.Module):
         if cfg.target == "per-block":
             self.wtpe = nn.Embedding(cfg.block_size, cfg.n_embd)
 
+    def condition_weights(self) -> tuple[torch.Tensor | None, ...]:
+        """Everything `condition` reads (the key of the inference-time table cache)."""
+        return (*self.adaLN.parameters(), self.ln_1.weight, self.ln_1.bias, self.ln_2.weight, self.ln_2.bias)
+
     def condition(self, target_embedding: torch.Tensor) -> torch.Tensor:
         """adaLN rows (..., 6d): shift, scale, gate for attention then MLP, norms' affine folded in."""
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = self.adaLN(target_embedding).chunk(6, dim=-1)
@@ -232,6 +236,9 @@ class FinalLayer(nn.Module):
         super().__init__()
         self.ln_f = make_norm(cfg, cfg.n_embd)
         self.adaLN_final = nn.Sequential(nn.SiLU(), nn.Linear(cfg.target_dim, 2 * cfg.n_embd))
+
+    def condition_weights(self) -> tuple[torch.Tensor | None, ...]:
+        return (*self.adaLN_final.parameters(), self.ln_f.weight, self.ln_f.bias)
 
     def condition(self, target_embedding: torch.Tensor) -> torch.Tensor:
         shift, scale = self.adaLN_final(target_embedding).chunk(2, dim=-1)
@@ -335,8 +342,8 @@ class Transformer(nn.Module):
         return module.condition(F.embedding(target, table))
 
     def _frozen_table(self, module: nn.Module) -> torch.Tensor:
-        weights = (self.transformer.wtpe.weight, *module.parameters())
-        key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights)
+        weights = (self.transformer.wtpe.weight, *module.condition_weights())
+        key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights if w is not None)
         cached = self._tables.get(id(module))
         if cached is None or cached[0] != key:
             cached = (key, module.condition(F.pad(weights[0], (0, 0, 0, 1))))

@@ -23,5 +23,7 @@ def emit_json(summary: dict[str, Any]) -> None:
 
 
 def progress(total: int | None = None, desc: str = "", disable: bool = False, **kw: Any) -> tqdm:
-    """A progress bar on stderr (never on stdout, which carries results and --json)."""
+    """A progress bar on stderr (never on stdout, which carries results and --json); shown only when
+    stderr is a terminal, so logs and pipes are not flooded with redraws."""
+    disable = disable or not sys.stderr.isatty()
     return tqdm(total=total, desc=desc, disable=disable, file=sys.stderr, dynamic_ncols=True, leave=False, **kw)
