@@ -23,14 +23,6 @@ from aogpt.errors import AOGPTError
 TINY = Size(n_layer=1, n_embd=16, n_head=2, vocab_size=32)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_generate_runs_every_method_and_writes_table_json_png(tmp_path):
     res = bench_generate(n=12, batch=2, steps=[3, 12], size=TINY, methods=list(METHODS), repeats=2, out=tmp_path)
     assert set(res["seconds"]) == set(METHODS)

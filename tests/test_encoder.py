@@ -46,15 +46,6 @@ def tiny_encoder(vocab: int = 5, block: int = 4, scale: float = 0.6, seed: int =
     return model.double().eval()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: thread start-up and contention on a shared machine cost far more than the work."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def conditional(model: Transformer, x: torch.Tensor, context: list[int] | tuple[int, ...], j: int) -> torch.Tensor:
     """log p(. | x[context]) at position j: its own forward, everything outside `context` masked."""
     n = x.shape[0]

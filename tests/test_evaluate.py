@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -29,11 +28,7 @@ from aogpt.evaluate import (
     t_quantile,
 )
 from aogpt.model import Transformer
-
-_HERE = Path(__file__).resolve().parent
-FX = next((p for p in (_HERE / "fixtures" / "reference-checkpoints",
-                       _HERE.parents[1] / "shared" / "fixtures" / "reference-checkpoints")
-           if (p / "expected.npz").is_file()), _HERE / "fixtures" / "reference-checkpoints")
+from tests.helpers import reference_aogpt, reference_expected
 
 
 def tiny(variant: str, n: int = 8, vocab: int = 11, seed: int = 0) -> Transformer:
@@ -57,28 +52,9 @@ def prefix_conditional(model: Transformer, idx: torch.Tensor, order: list[int], 
     return float(-torch.log_softmax(logits, -1)[x[order[i]]])
 
 
-def fixture_model(dtype: torch.dtype) -> Transformer:
-    ck = torch.load(FX / "ckpt_aogpt.pt", map_location="cpu", weights_only=True)
-    model = Transformer(model_config("aogpt", n_layer=2, n_head=2, n_embd=24, block_size=32, vocab_size=101))
-    model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ck["model"].items()})
-    with torch.no_grad():
-        for p, s in zip(model.parameters(), ck["ema_model"]["shadow_params"], strict=True):
-            p.copy_(s)
-    return model.to(dtype).eval().requires_grad_(False)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run faster on one thread (no pool synchronisation on a loaded machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def fx() -> dict[str, np.ndarray]:
-    return dict(np.load(FX / "expected.npz"))
+    return reference_expected()
 
 
 # ------------------------------------------------------------------------------------ exact orders
@@ -152,7 +128,7 @@ def test_ensemble_formula_reproduces_the_fixture(fx: dict) -> None:
 def test_ensemble_members_reproduce_the_fixture(fx: dict, dtype: torch.dtype) -> None:
     # The fixture's ens_* arrays were computed in float32 (their member-0 column equals
     # ao_ema_loss_tok_f32 bit for bit), so they hold to float32 precision only.
-    model = fixture_model(dtype)
+    model = reference_aogpt(dtype)
     idx, order = torch.tensor(fx["idx"][1:2]), torch.tensor(fx["orders"][1:2])
     members = torch.tensor(fx["ens_orders"])[None]
     losses = ensemble_losses(model, idx, order, 4, member_orders=members, token_budget=200)
@@ -165,7 +141,7 @@ def test_ensemble_members_reproduce_the_fixture(fx: dict, dtype: torch.dtype) ->
 
 @pytest.mark.parametrize("budget", [40, 1 << 14])
 def test_batched_truncated_member_rows_equal_full_forwards(fx: dict, budget: int) -> None:
-    model = fixture_model(torch.float64)
+    model = reference_aogpt(torch.float64)
     idx, order = torch.tensor(fx["idx"][1:2]), torch.tensor(fx["orders"][1:2])
     members = torch.tensor(fx["ens_orders"])[None]
     losses = ensemble_losses(model, idx, order, 4, member_orders=members, token_budget=budget)

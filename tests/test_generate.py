@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,17 +21,7 @@ from aogpt.generate import generate, infill, make_generators
 from aogpt.model import Transformer
 from aogpt.sampling import SamplingConfig, sample_tokens
 from aogpt.schedules import count_schedule
-
-FIXTURE = Path("/work/shared/fixtures/reference-checkpoints")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: one thread avoids oversubscription on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from tests.helpers import reference_aogpt, reference_expected
 
 
 def tiny_model(variant: str = "aogpt", vocab: int = 11, block: int = 12, n_embd: int = 16, n_layer: int = 2,
@@ -134,23 +123,11 @@ def test_cache_matches_recompute_with_infill_blanks():
         check_against_reference(model, res, atol=1e-10)
 
 
-def load_fixture_model(dtype: torch.dtype) -> Transformer:
-    """The fixture's AO-GPT with its EMA weights (shadow params follow model.parameters() order)."""
-    ckpt = torch.load(FIXTURE / "ckpt_aogpt.pt", map_location="cpu", weights_only=True)
-    model = Transformer(model_config("aogpt", n_layer=2, n_head=2, n_embd=24, block_size=32, vocab_size=101))
-    state = {k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()}
-    model.load_state_dict(state)
-    with torch.no_grad():
-        for p, shadow in zip(model.parameters(), ckpt["ema_model"]["shadow_params"], strict=True):
-            p.copy_(shadow)
-    return model.to(dtype).eval()
-
-
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.float64, 1e-10)])
 def test_reference_generator_fixture(dtype, atol):
-    exp = np.load(FIXTURE / "expected.npz")
+    exp = reference_expected()
     assert count_schedule(32, 5) == exp["gen_step_sizes"].tolist()
-    model = load_fixture_model(dtype)
+    model = reference_aogpt(dtype)
     idx, orders = torch.from_numpy(exp["idx"]), torch.from_numpy(exp["orders"])
     res = generate(model, num_samples=2, length=32, steps=5, policy="count", order=orders, teacher_tokens=idx,
                    record_logits=True, seed=0)

@@ -27,14 +27,6 @@ from aogpt.tokenizer import ByteTokenizer
 EOT = 256
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def tiny_loaded(variant: str = "gpt", block: int = 8) -> Loaded:
     torch.manual_seed(0)
     extra = {"target_dim": 8} if variant == "aogpt" else {}

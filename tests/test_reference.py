@@ -7,7 +7,6 @@ reference code; its README describes the arrays), never from our own code.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -28,21 +27,9 @@ from aogpt.reference import (
     read_reference,
     reference_config,
 )
+from tests.helpers import REFERENCE
 
-
-def fixture_dir() -> Path:
-    """The conformance vectors: $AOGPT_REFERENCE_FIXTURES, tests/fixtures/ or ../shared/fixtures/."""
-    root = Path(__file__).resolve().parents[1]
-    env = os.environ.get("AOGPT_REFERENCE_FIXTURES")
-    candidates = [Path(env)] if env else []
-    candidates += [root / "tests/fixtures/reference-checkpoints", root.parent / "shared/fixtures/reference-checkpoints"]
-    for path in candidates:
-        if (path / "expected.npz").is_file():
-            return path
-    raise FileNotFoundError(f"reference fixtures not found in {[str(c) for c in candidates]}")
-
-
-FIX = fixture_dir()
+FIX = REFERENCE
 EXP = np.load(FIX / "expected.npz")
 IDX, ORDERS = torch.from_numpy(EXP["idx"]), torch.from_numpy(EXP["orders"])
 CKPT = {"ao": FIX / "ckpt_aogpt.pt", "sg": FIX / "ckpt_sigmagpt.pt"}

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -12,21 +10,11 @@ from scipy import stats
 from aogpt import sampling
 from aogpt.errors import AOGPTError
 from aogpt.sampling import SamplingConfig, categorical, probabilities, sample_tokens, top_k_filter, top_p_filter
-
-FIXTURE = Path("/work/shared/fixtures/reference-checkpoints/expected.npz")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: one thread avoids oversubscription on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from tests.helpers import reference_expected
 
 
 def test_top_p_matches_reference_vectors():
-    exp = np.load(FIXTURE)
+    exp = reference_expected()
     probs_in = torch.from_numpy(exp["topp_probs_in_f32"])  # already at temperature 0.9
     want = torch.from_numpy(exp["topp_probs_filtered_f32"])
     got = top_p_filter(probs_in, float(exp["topp_p"]))

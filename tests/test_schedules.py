@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,8 +11,7 @@ from scipy import stats
 
 from aogpt.errors import AOGPTError
 from aogpt.schedules import bernoulli_counts, count_schedule, time_grid, unmask_probabilities
-
-FIXTURE = Path("/work/shared/fixtures/reference-checkpoints/expected.npz")
+from tests.helpers import reference_expected
 
 
 def pooled_chi2(observed: np.ndarray, expected: np.ndarray) -> float:
@@ -26,7 +24,7 @@ def pooled_chi2(observed: np.ndarray, expected: np.ndarray) -> float:
 
 
 def test_linear_count_matches_reference():
-    assert count_schedule(32, 5) == np.load(FIXTURE)["gen_step_sizes"].tolist() == [6, 6, 7, 6, 7]
+    assert count_schedule(32, 5) == reference_expected()["gen_step_sizes"].tolist() == [6, 6, 7, 6, 7]
 
 
 @pytest.mark.parametrize("schedule", ["linear", "cosine"])

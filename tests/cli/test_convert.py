@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 import re
 from pathlib import Path
@@ -14,21 +13,9 @@ import aogpt
 from aogpt.checkpoint import save_checkpoint
 from aogpt.config import model_config, to_dict
 from aogpt.model import Transformer
+from tests.helpers import REFERENCE
 
-
-def fixture_dir() -> Path:
-    """The conformance vectors: $AOGPT_REFERENCE_FIXTURES, tests/fixtures/ or ../shared/fixtures/."""
-    root = Path(__file__).resolve().parents[2]
-    env = os.environ.get("AOGPT_REFERENCE_FIXTURES")
-    candidates = [Path(env)] if env else []
-    candidates += [root / "tests/fixtures/reference-checkpoints", root.parent / "shared/fixtures/reference-checkpoints"]
-    for path in candidates:
-        if (path / "expected.npz").is_file():
-            return path
-    raise FileNotFoundError(f"reference fixtures not found in {[str(c) for c in candidates]}")
-
-
-FIX = fixture_dir()
+FIX = REFERENCE
 AO, SG = FIX / "ckpt_aogpt.pt", FIX / "ckpt_sigmagpt.pt"
 
 

@@ -10,38 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from aogpt.checkpoint import load, save_checkpoint
+from aogpt.checkpoint import load
 from aogpt.cli import main
-from aogpt.config import model_config, to_dict
 from aogpt.genppl import CheckpointEvaluator, score_samples
-from aogpt.model import Transformer
-from aogpt.tokenizer import ByteTokenizer
+from tests.helpers import random_checkpoint
 
 FIX = Path(__file__).parents[1] / "fixtures" / "zeroshot"
 TEXT = "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n" * 6
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def make_ckpt(root: Path, variant: str) -> Path:
-    torch.manual_seed(0)
-    extra = {"target_dim": 8} if variant == "aogpt" else {}
-    cfg = model_config(variant, n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=320, **extra)
-    model = Transformer(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.2)
-    ema = {k: v.clone() for k, v in model.state_dict().items()}
-    path = root / f"run-{variant}" / "ckpt-0000010"
-    save_checkpoint(path, model, config={"model": to_dict(cfg), "tokenizer": "bytes", "step": 10}, ema=ema,
-                    tokenizer=ByteTokenizer())
-    return path.parent
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +24,8 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("ckpts")
     text = root / "play.txt"
     text.write_text(TEXT, encoding="utf-8")
-    return {"aogpt": make_ckpt(root, "aogpt"), "gpt": make_ckpt(root, "gpt"), "text": text}
+    return {"aogpt": random_checkpoint(root, "aogpt", block_size=16, scale=0.2),
+            "gpt": random_checkpoint(root, "gpt", block_size=16, scale=0.2), "text": text}
 
 
 def run(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:

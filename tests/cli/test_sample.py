@@ -6,43 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 import aogpt
-from aogpt.checkpoint import save_checkpoint
-from aogpt.config import model_config, to_dict
-from aogpt.model import Transformer
-from aogpt.tokenizer import ByteTokenizer
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: one thread avoids oversubscription on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def make_ckpt(root: Path, variant: str) -> Path:
-    torch.manual_seed(0)
-    extra = {"target_dim": 8} if variant == "aogpt" else {}
-    cfg = model_config(variant, n_layer=2, n_head=2, n_embd=16, block_size=48, vocab_size=320, **extra)
-    model = Transformer(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
-    ema = {k: v * 0.5 for k, v in model.state_dict().items()}  # EMA differs from the raw weights
-    path = root / f"run-{variant}" / "ckpt-0000010"
-    save_checkpoint(path, model, config={"model": to_dict(cfg), "tokenizer": "bytes", "step": 10}, ema=ema,
-                    tokenizer=ByteTokenizer())
-    return path.parent
+from tests.helpers import random_checkpoint
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("sample")
-    return {"aogpt": make_ckpt(root, "aogpt"), "gpt": make_ckpt(root, "gpt")}
+    return {"aogpt": random_checkpoint(root, "aogpt", block_size=48, scale=0.3, ema_scale=0.5),
+            "gpt": random_checkpoint(root, "gpt", block_size=48, scale=0.3, ema_scale=0.5)}
 
 
 def test_help(cli):

@@ -1,0 +1,54 @@
+"""Helpers shared by the tests: the vendored conformance vectors and small random checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from aogpt.checkpoint import save_checkpoint
+from aogpt.config import model_config, to_dict
+from aogpt.model import Transformer
+
+# The paper's conformance vectors, vendored from ../shared/fixtures (tests/test_fixture_copy.py checks
+# the copy against the original when it is beside the clone).
+REFERENCE = Path(__file__).resolve().parent / "fixtures" / "reference-checkpoints"
+
+
+def reference_expected() -> dict[str, np.ndarray]:
+    return dict(np.load(REFERENCE / "expected.npz"))
+
+
+def reference_aogpt(dtype: torch.dtype = torch.float32, weights: str = "ema") -> Transformer:
+    """The fixture's AO-GPT read directly with torch.load (independently of `aogpt.reference`):
+    `shadow_params` follow `model.parameters()` order."""
+    ckpt = torch.load(REFERENCE / "ckpt_aogpt.pt", map_location="cpu", weights_only=True)
+    model = Transformer(model_config("aogpt", n_layer=2, n_head=2, n_embd=24, block_size=32, vocab_size=101))
+    model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
+    if weights == "ema":
+        with torch.no_grad():
+            for p, shadow in zip(model.parameters(), ckpt["ema_model"]["shadow_params"], strict=True):
+                p.copy_(shadow)
+    return model.to(dtype).eval().requires_grad_(False)
+
+
+def random_checkpoint(root: Path, variant: str, *, block_size: int, scale: float, ema_scale: float = 1.0,
+                      vocab_size: int = 320) -> Path:
+    """A run directory holding one checkpoint of a small model with large random weights (the bytes
+    tokenizer); its EMA weights are the raw ones times `ema_scale`."""
+    from aogpt.tokenizer import ByteTokenizer
+
+    torch.manual_seed(0)
+    extra = {"target_dim": 8} if variant == "aogpt" else {}
+    cfg = model_config(variant, n_layer=2, n_head=2, n_embd=16, block_size=block_size, vocab_size=vocab_size,
+                       **extra)
+    model = Transformer(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, scale)
+    ema = {k: v * ema_scale for k, v in model.state_dict().items()}
+    path = root / f"run-{variant}" / "ckpt-0000010"
+    save_checkpoint(path, model, config={"model": to_dict(cfg), "tokenizer": "bytes", "step": 10}, ema=ema,
+                    tokenizer=ByteTokenizer())
+    return path.parent
