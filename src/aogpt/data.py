@@ -58,7 +58,7 @@ import torch
 
 from aogpt.corpora import load_corpus
 from aogpt.errors import AOGPTError
-from aogpt.io import ensure_writable_dir, read_json, write_json
+from aogpt.io import ensure_writable_dir, read_json, replace_dir, write_json
 from aogpt.shards import (
     PROGRESS_FILE,
     default_workers,
@@ -114,17 +114,6 @@ def _check_out(out: Path) -> None:
             f"{out} is not empty and is not a prepared data directory; refusing to replace it",
             "choose a new --out or empty that folder",
         )
-
-
-def _publish(work: Path, out: Path) -> None:
-    """Rename the finished `work` over `out` (an older `out` is moved aside first, then deleted)."""
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-        os.replace(work, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(work, out)
 
 
 def _finish_splits(work: Path, name: str, shards_by_split: dict[str, list[dict]]) -> dict:
@@ -240,7 +229,7 @@ def prepare(
             **({"shard_tokens": shard_tokens} if sharded else {}),
         }
         write_json(work / META_FILE, meta)
-        _publish(work, out)
+        replace_dir(work, out)
     except BaseException:
         if not has_progress(work):
             shutil.rmtree(work, ignore_errors=True)

@@ -39,13 +39,7 @@ def atomic_dir(final: Path, overwrite: bool = True) -> Iterator[Path]:
     try:
         yield tmp
         os.chmod(tmp, 0o755)
-        if final.exists():
-            old = final.with_name(f".{final.name}.old-{os.getpid()}")
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        replace_dir(tmp, final)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -55,6 +49,17 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def replace_dir(src: Path, final: Path) -> None:
+    """Rename directory `src` over `final`; an existing `final` is moved aside first, then deleted."""
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        os.replace(final, old)
+        os.replace(src, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, final)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -117,6 +117,20 @@ def training_loss(model: nn.Module, idx: torch.Tensor, order: torch.Tensor, gene
     return model(idx, order)[1].mean()
 
 
+def accumulation_steps(cfg: TrainConfig, world_size: int, block_size: int) -> int:
+    """Micro-steps per optimizer step: `grad_accum`, or derived from `global_batch_tokens`."""
+    if cfg.global_batch_tokens <= 0:
+        return cfg.grad_accum
+    per_micro = world_size * cfg.batch_size * block_size
+    if cfg.global_batch_tokens % per_micro:
+        raise AOGPTError(
+            f"global batch of {cfg.global_batch_tokens} tokens is not divisible by world size {world_size} x "
+            f"micro-batch {cfg.batch_size} x block {block_size} = {per_micro}",
+            "change --global-batch-tokens or --batch-size",
+        )
+    return cfg.global_batch_tokens // per_micro
+
+
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     """Training FLOPs per token (forward + backward): 6 x weights used in matmuls + attention."""
     d, L = cfg.n_embd, cfg.n_layer
@@ -169,7 +183,7 @@ class Trainer:
         self.run_meta = run_meta or {}
         self.show_progress = show_progress and self.info.is_main
         self.block_size = model_cfg.block_size
-        self.accum = self._accumulation_steps()
+        self.accum = accumulation_steps(cfg, self.info.world_size, self.block_size)
         self.sequences_per_step = cfg.batch_size * self.accum * self.info.world_size
         self.tokens_per_step = self.sequences_per_step * self.block_size
         if model_cfg.variant == "gpt" and cfg.order != "l2r":
@@ -204,19 +218,6 @@ class Trainer:
         self.flops_per_token = flops_per_token(model_cfg, self.block_size)
 
     # ------------------------------------------------------------------ setup helpers
-    def _accumulation_steps(self) -> int:
-        cfg, world = self.cfg, self.info.world_size
-        if cfg.global_batch_tokens <= 0:
-            return cfg.grad_accum
-        per_micro = world * cfg.batch_size * self.block_size
-        if cfg.global_batch_tokens % per_micro:
-            raise AOGPTError(
-                f"global batch of {cfg.global_batch_tokens} tokens is not divisible by world size {world} x "
-                f"micro-batch {cfg.batch_size} x block {self.block_size} = {per_micro}",
-                "change --set global_batch_tokens=... or the micro-batch size",
-            )
-        return cfg.global_batch_tokens // per_micro
-
     def _init_weights_from(self, path: Path) -> None:
         ckpt = find_checkpoint(path)
         load_state_into(self.raw, weights_of(read_weights(ckpt), "raw"), where=str(ckpt))

@@ -207,24 +207,14 @@ def _fit_vocab(cfg: ModelConfig, data: Any, model_over: dict[str, Any], resuming
 def dry_run_report(plan: Plan, assume_tflops: float) -> dict[str, Any]:
     """Sizes, batch arithmetic, a memory estimate per device and the time per step at a throughput."""
     from aogpt.model import Transformer
-    from aogpt.train import flops_per_token
+    from aogpt.train import accumulation_steps, flops_per_token
 
     cfg, tc = plan.model_cfg, plan.train_cfg
     with torch.device("meta"):
         model = Transformer(cfg)
     n_params = model.num_params()
     world = plan.info.world_size
-    if tc.global_batch_tokens > 0:
-        per_micro = world * tc.batch_size * cfg.block_size
-        if tc.global_batch_tokens % per_micro:
-            raise AOGPTError(
-                f"global batch of {tc.global_batch_tokens} tokens is not divisible by world size "
-                f"{world} x micro-batch {tc.batch_size} x block {cfg.block_size}",
-                "change the global batch or the micro-batch size",
-            )
-        accum = tc.global_batch_tokens // per_micro
-    else:
-        accum = tc.grad_accum
+    accum = accumulation_steps(tc, world, cfg.block_size)
     tokens_per_step = world * tc.batch_size * accum * cfg.block_size
     state_bytes = 20 * n_params / (world if tc.fsdp else 1)  # fp32 weights, grads, Adam m+v, EMA
     B, T, d, L = tc.batch_size, cfg.block_size, cfg.n_embd, cfg.n_layer
