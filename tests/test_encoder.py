@@ -18,7 +18,10 @@ from torch import nn
 
 from aogpt.checkpoint import load, save_checkpoint
 from aogpt.config import model_config, to_dict, train_config
-from aogpt.encoder import (
+from aogpt.errors import AOGPTError
+from aogpt.evaluate import evaluate
+from aogpt.families import family_of
+from aogpt.families.encoder import (
     any_cut_estimate,
     draw_masks,
     l2r_cut_estimate,
@@ -28,8 +31,6 @@ from aogpt.encoder import (
     validation_losses,
     weighted_losses,
 )
-from aogpt.errors import AOGPTError
-from aogpt.evaluate import evaluate, kind_of
 from aogpt.generate import generate, infill
 from aogpt.model import Transformer
 from aogpt.train import RandomTokens, Trainer
@@ -236,7 +237,7 @@ def test_evaluate_dispatches_to_the_encoder():
     n = 5
     model = tiny_encoder(block=n, seed=3)
     data = torch.randint(5, (6, n), generator=torch.Generator().manual_seed(3))
-    assert kind_of(model).name == "encoder-mdm" and not kind_of(model).ensemble
+    assert family_of(model).name == "encoder-mdm" and not family_of(model).ensemble
     res = evaluate(model, data, order="l2r", batch_size=4)
     assert abs(res.nll - float(order_nll(model, data).sum()) / data.numel()) < 1e-9
     bound = evaluate(model, data, order="random", num_orders=4, batch_size=4, seed=1)

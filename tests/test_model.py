@@ -128,6 +128,8 @@ def test_adaln_table_and_direct_paths_agree():
         direct = model._adaptive(block, many[:, j: j + 1])
         torch.testing.assert_close(table_rows[:, j: j + 1], direct, rtol=0, atol=1e-12)
     assert model._adaptive(block, few).shape == (1, 2, 6 * 16)
+    precomputed = model.conditions()  # what a KV cache is set up with
+    torch.testing.assert_close(model._adaptive(block, many, precomputed.blocks[0]), table_rows, rtol=0, atol=1e-12)
 
 
 def test_folded_modulation_equals_the_reference_formula():
@@ -213,8 +215,8 @@ def test_encoder_forward_sees_every_unmasked_token_and_no_masked_one():
 
 
 def test_inference_adaln_table_follows_weight_updates():
-    """Without gradients adaLN comes from a cached per-position table; an in-place weight update
-    (an optimizer step, an EMA update, load_state_dict) must invalidate it."""
+    """A forward without a KV cache computes adaLN from the current weights, so an in-place weight
+    update (an optimizer step, an EMA update, load_state_dict) is always seen."""
     model = tiny("aogpt")
     idx = torch.randint(V, (2, 6))
     order = torch.stack([torch.randperm(6) for _ in range(2)])

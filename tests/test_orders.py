@@ -9,7 +9,7 @@ import torch
 from scipy import stats
 
 from aogpt.errors import AOGPTError
-from aogpt.orders import blockwise_order, is_permutation, make_order_sampler
+from aogpt.orders import blockwise_order, check_permutation, is_left_to_right, make_order_sampler
 
 
 def draw(spec: str, batch: int = 4000, n: int = 6, seed: int = 0) -> torch.Tensor:
@@ -20,7 +20,7 @@ def draw(spec: str, batch: int = 4000, n: int = 6, seed: int = 0) -> torch.Tenso
                                   "blockwise:3:7"])
 def test_every_row_is_a_permutation(spec):
     orders = draw(spec, batch=64, n=10)
-    assert orders.shape == (64, 10) and is_permutation(orders)
+    assert orders.shape == (64, 10) and torch.equal(check_permutation(orders, 10), orders)
 
 
 def test_uniform_marginals_and_all_orders_appear():
@@ -68,7 +68,26 @@ def test_blockwise_structure_matches_the_paper_example():
             assert torch.equal(blocks[b], inner + b * k)
 
 
-@pytest.mark.parametrize("spec", ["random", "mixture:2", "mixture:x", "blockwise:1", "l2r:3", "fixed-random:a", ""])
+@pytest.mark.parametrize("spec", ["mixture:2", "mixture:x", "blockwise:1", "l2r:3", "fixed-random:a", ""])
 def test_bad_specs_are_user_errors(spec):
     with pytest.raises(AOGPTError):
         make_order_sampler(spec)
+
+
+def test_random_is_an_alias_of_uniform_with_the_same_stream():
+    a = make_order_sampler("random").sample(5, 9, "cpu", torch.Generator().manual_seed(3))
+    b = make_order_sampler("uniform").sample(5, 9, "cpu", torch.Generator().manual_seed(3))
+    assert torch.equal(a, b) and make_order_sampler("random").spec == "uniform"
+
+
+def test_left_to_right_is_answered_for_specs_samplers_and_tensors():
+    assert is_left_to_right("l2r") and is_left_to_right(make_order_sampler("l2r")) and is_left_to_right(None)
+    assert not is_left_to_right("random") and not is_left_to_right("blockwise:4")
+    assert is_left_to_right(torch.arange(5).expand(3, 5))
+    assert not is_left_to_right(torch.tensor([[0, 1, 2], [0, 2, 1]]))
+
+
+@pytest.mark.parametrize("bad", [[0, 0, 1], [0, 1], [[0, 1, 2], [2, 1, 0], [0, 1, 2]], [0, 1, 3], "abc"])
+def test_explicit_orders_must_be_permutations_of_the_right_shape(bad):
+    with pytest.raises(AOGPTError):
+        check_permutation(bad, 3, rows=2)

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aogpt.errors import AOGPTError
+from aogpt.errors import AOGPTError, check_choice
+from aogpt.families import family
 
-VARIANTS = ("gpt", "sigma", "aogpt", "encoder-mdm")
 # How the target position (the original position of the token a slot must predict) enters the model
 # (paper Fig. 6): none (left-to-right GPT), input (sigma-GPT as reproduced in the paper), input-concat
 # (sigma-GPT's own [pos(current) || pos(next)] halves), every-block (the input table re-added before
@@ -52,19 +52,21 @@ class ModelConfig:
 
     @property
     def causal(self) -> bool:
-        return self.variant != "encoder-mdm"
+        """Decoder slots with causal attention (False for a bidirectional encoder family)."""
+        return family(self.variant).causal
 
     def validate(self) -> ModelConfig:
-        _check_choice("variant", self.variant, VARIANTS)
-        _check_choice("target", self.target, TARGET_INJECTIONS)
-        _check_choice("norm", self.norm, NORMS)
-        _check_choice("pos_init", self.pos_init, ("normal", "sinusoidal"))
+        family(self.variant)  # a known variant (aogpt.families)
+        check_choice("target", self.target, TARGET_INJECTIONS)
+        check_choice("norm", self.norm, NORMS)
+        check_choice("pos_init", self.pos_init, ("normal", "sinusoidal"))
         if self.n_embd % self.n_head:
             raise AOGPTError(f"n_embd {self.n_embd} is not divisible by n_head {self.n_head}", "change one")
-        if self.variant in ("gpt", "encoder-mdm") and self.target != "none":
+        reads_target = family(self.variant).target_position
+        if not reads_target and self.target != "none":
             raise AOGPTError(f"variant {self.variant} takes no target position (target={self.target})",
                              "set target to none")
-        if self.variant in ("sigma", "aogpt") and self.target == "none":
+        if reads_target and self.target == "none":
             raise AOGPTError(f"variant {self.variant} needs a target-position injection", "set target")
         if self.target == "input-concat" and self.n_embd % 2:
             raise AOGPTError("target input-concat needs an even n_embd", "change n_embd")
@@ -74,19 +76,6 @@ class ModelConfig:
             if getattr(self, name) < 1:
                 raise AOGPTError(f"{name} must be positive", "fix the config")
         return self
-
-
-# The architecture each variant stands for, before size and per-run overrides.
-VARIANT_DEFAULTS: dict[str, dict[str, Any]] = {
-    # GPT-2 blocks, left to right, tied head: the paper's AR control.
-    "gpt": dict(norm="layernorm", qk_norm=False, target="none", tie_head=True, head_bias=False),
-    # sigma-GPT exactly as the paper reproduced it (and as its released checkpoints are).
-    "sigma": dict(norm="layernorm", qk_norm=False, target="input", tie_head=True, head_bias=False),
-    # AO-GPT: adaLN on a 128-wide target table, RMSNorm, QK-norm, untied head with bias.
-    "aogpt": dict(norm="rmsnorm", qk_norm=True, target="adaln", tie_head=False, head_bias=True),
-    # Encoder-only MDM (MDLM/RADD style): bidirectional, [MASK] slots, no time input.
-    "encoder-mdm": dict(norm="layernorm", qk_norm=False, target="none", tie_head=True, head_bias=False),
-}
 
 
 @dataclass
@@ -121,11 +110,6 @@ class TrainConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes saved with the run
 
 
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise AOGPTError(f"unknown {name} {value!r}", f"choose one of: {', '.join(choices)}")
-
-
 # Named presets: model sizes and the training recipe that goes with them.
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "tiny": {
@@ -152,23 +136,20 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
 }
 
-# The order distribution each variant trains with unless told otherwise.
-DEFAULT_ORDER = {"gpt": "l2r", "sigma": "uniform", "aogpt": "mixture", "encoder-mdm": "uniform"}
 
 
 def model_config(variant: str = "aogpt", preset: str | None = None, **overrides: Any) -> ModelConfig:
     """The model config for a variant at a preset size, with field overrides applied last."""
-    _check_choice("variant", variant, VARIANTS)
     fields: dict[str, Any] = {}
     if preset is not None:
         fields.update(get_preset(preset)["model"])
-    fields.update(VARIANT_DEFAULTS[variant])
+    fields.update(family(variant).architecture)
     fields.update(overrides)
     return apply_overrides(ModelConfig(variant=variant), fields, where="model config").validate()
 
 
 def train_config(preset: str | None = None, variant: str = "aogpt", **overrides: Any) -> TrainConfig:
-    fields: dict[str, Any] = {"order": DEFAULT_ORDER[variant]}
+    fields: dict[str, Any] = {"order": family(variant).default_order}
     if preset is not None:
         fields.update(get_preset(preset)["train"])
     fields.update(overrides)

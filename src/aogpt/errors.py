@@ -15,3 +15,9 @@ class AOGPTError(Exception):
         self.what = what
         self.fix = fix
         super().__init__(f"{what} ({fix})" if fix else what)
+
+
+def check_choice(kind: str, value: object, choices: tuple[str, ...]) -> None:
+    """Refuse a value outside a fixed set of names, listing the names."""
+    if value not in choices:
+        raise AOGPTError(f"unknown {kind} {value!r}", f"choose one of: {', '.join(choices)}")

@@ -3,7 +3,7 @@ and context-order ensembling (paper Eq. 4).
 
 * Any single order sigma gives the exact NLL of a sequence by the chain rule: one causal forward
   (`Transformer.forward`) yields all n conditionals. ``l2r`` is the AR likelihood.
-* The any-order bound E_sigma[-log p_sigma(x)] (the masked-diffusion ELBO, DESIGN.md section 1) is
+* The any-order bound E_sigma[-log p_sigma(x)] (the masked-diffusion ELBO, docs/design.md) is
   estimated by K independent draws: draw k gives every sequence its own uniform order; its
   dataset-level mean NLL/token is m_k. We report mean(m_k), the standard error sd(m_k)/sqrt(K)
   (Monte-Carlo error of the bound *on this data*, not sampling error of the data) and a 95% Student-t
@@ -20,19 +20,17 @@ and context-order ensembling (paper Eq. 4).
   is estimated by  sum_i base_i + (n-2)/s * sum_{i in S} (ens_i - base_i),  an unbiased estimate of
   the full ensemble NLL (given the members) that uses the exact base-order NLL as a control variate.
 
-Model kinds plug in through `register_kind`: a kind supplies "NLL under an order" (per-step losses)
-and optionally a "Monte-Carlo bound" (an unbiased per-sequence estimate of the any-order bound, used
-for ``order="random"``). The decoder variants register here; `KIND_MODULES` names the module that
-registers any other kind (the encoder-only MDM: ``aogpt.encoder``), imported on first use.
+How a model is scored (the exact NLL under an order, the any-order bound, whether ensembles are
+defined) comes from its family (`aogpt.families`): decoders score an order in one causal pass, the
+encoder-only MDM in n passes, with its own one-forward Monte-Carlo bound.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -42,59 +40,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from aogpt.errors import AOGPTError
-from aogpt.orders import OrderSampler, make_order_sampler
-
-OrderNLL = Callable[[nn.Module, torch.Tensor, torch.Tensor | None], torch.Tensor]
-MCBound = Callable[[nn.Module, torch.Tensor, torch.Generator], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class ModelKind:
-    """How one kind of model is scored.
-
-    order_nll(model, idx (B, n), order (B, n) or None for left to right) -> per-step losses (B, n),
-    step i = -log p(x[order[:, i]] | x[order[:, :i]]). mc_bound(model, idx, generator) -> (B,) an
-    unbiased estimate of E_sigma[-log p_sigma(x)] per sequence (None: draw a uniform order and use
-    order_nll). any_order: accepts orders other than left to right. ensemble: supports context-order
-    ensembling (needs the decoder's slot forward).
-    """
-
-    name: str
-    order_nll: OrderNLL
-    mc_bound: MCBound | None = None
-    any_order: bool = True
-    ensemble: bool = True
-
-
-_KINDS: dict[str, ModelKind] = {}
-KIND_MODULES = {"encoder-mdm": "aogpt.encoder"}  # imported on first use; it calls register_kind
-
-
-def register_kind(variant: str, kind: ModelKind) -> None:
-    _KINDS[variant] = kind
-
-
-def kind_of(model: nn.Module) -> ModelKind:
-    variant = model.config.variant
-    if variant not in _KINDS and variant in KIND_MODULES:
-        try:
-            importlib.import_module(KIND_MODULES[variant])
-        except ImportError:
-            pass
-    if variant not in _KINDS:
-        raise AOGPTError(f"no likelihood evaluation is registered for variant {variant!r}",
-                         "see docs/evaluation.md (model kinds)")
-    return _KINDS[variant]
-
-
-def decoder_order_nll(model: nn.Module, idx: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
-    """All n conditionals of one order in one causal forward."""
-    return model(idx, order)[1]
-
-
-register_kind("gpt", ModelKind("gpt", decoder_order_nll, any_order=False, ensemble=False))
-register_kind("sigma", ModelKind("sigma", decoder_order_nll))
-register_kind("aogpt", ModelKind("aogpt", decoder_order_nll))
+from aogpt.families import ModelFamily, family_of, unwrap
+from aogpt.orders import OrderSampler, is_left_to_right, make_order_sampler
 
 
 # ---------------------------------------------------------------------------------------- ensembles
@@ -138,16 +85,15 @@ def ensemble_losses(model: nn.Module, idx: torch.Tensor, order: torch.Tensor, me
     the context drawn from `generator` (CPU). steps: optional (B, s) steps to compute members for;
     the other entries of members >= 1 are NaN (see `ensemble_sequence_nll`).
     """
-    kind = kind_of(model)
-    if not kind.ensemble:
-        raise AOGPTError(f"variant {model.config.variant} does not support context-order ensembling",
-                         "use --ensemble 1")
+    fam = family_of(model)
+    if not fam.ensemble:
+        raise AOGPTError(f"variant {fam.name} does not support context-order ensembling", "use --ensemble 1")
     if members < 1:
         raise AOGPTError(f"the ensemble size must be at least 1, got {members}", "pass --ensemble M >= 1")
     B, n = idx.shape
     device = idx.device
     order = order.to(device)
-    base = kind.order_nll(model, idx, order).double()
+    base = fam.order_nll(model, idx, order).double()
     out = base[:, :, None].repeat(1, 1, members)
     if members == 1 or n < 3:
         return out
@@ -273,11 +219,9 @@ def summarize(sums: np.ndarray, tokens: int, sequences: int, order: str, ensembl
 
 
 # ---------------------------------------------------------------------------------------- evaluation
-def resolve_order(spec: str) -> OrderSampler | None:
-    """An eval order spec: ``random`` (= ``uniform``: the any-order bound; None here) or an
-    `aogpt.orders` spec (``l2r``, ``mixture[:P]``, ``fixed-random[:SEED]``, ``blockwise[:K]``...)."""
-    if spec in ("random", "uniform"):
-        return None
+def resolve_order(spec: str | OrderSampler) -> OrderSampler:
+    """An eval order: an `aogpt.orders` spec (``random``/``uniform``: the any-order bound; ``l2r``,
+    ``mixture[:P]``, ``fixed-random[:SEED]``, ``blockwise[:K]``...) or a sampler."""
     return make_order_sampler(spec)
 
 
@@ -297,18 +241,17 @@ def _batches(data: torch.Tensor | Iterable[torch.Tensor], batch_size: int) -> It
         yield from data
 
 
-def sequence_nll(model: nn.Module, idx: torch.Tensor, order: OrderSampler | None, generator: torch.Generator,
+def sequence_nll(model: nn.Module, idx: torch.Tensor, order: OrderSampler, generator: torch.Generator,
                  ensemble: int = 1, positions: int | None = None, member_generator: torch.Generator | None = None,
                  token_budget: int | None = None) -> torch.Tensor:
-    """Per-sequence NLL (B,) of one draw: under `order` (None = uniform random), optionally ensembled."""
-    kind = kind_of(model)
+    """Per-sequence NLL (B,) of one draw under `order` (uniform: the any-order bound), optionally ensembled."""
+    fam = family_of(model)
     B, n = idx.shape
-    if order is None and kind.mc_bound is not None and ensemble == 1:
-        return kind.mc_bound(model, idx, generator).double()
-    sampler = order or make_order_sampler("uniform")
-    sigma = sampler.sample(B, n, "cpu", generator).to(idx.device)
+    if order.spec == "uniform" and ensemble == 1:
+        return fam.mc_bound(model, idx, generator).double()
+    sigma = order.sample(B, n, "cpu", generator).to(idx.device)
     if ensemble == 1:
-        return kind.order_nll(model, idx, None if sampler.spec == "l2r" else sigma).double().sum(1)
+        return fam.order_nll(model, idx, None if is_left_to_right(order) else sigma).double().sum(1)
     steps = draw_steps(B, n, positions, member_generator) if positions and positions < n - 2 else None
     losses = ensemble_losses(model, idx, sigma, ensemble, generator=member_generator, steps=steps,
                              token_budget=token_budget)
@@ -316,23 +259,20 @@ def sequence_nll(model: nn.Module, idx: torch.Tensor, order: OrderSampler | None
 
 
 def check_request(model: nn.Module, order: str, num_orders: int, ensemble: int,
-                  positions: int | None = None) -> ModelKind:
+                  positions: int | None = None) -> ModelFamily:
     """Refuse impossible requests with a user error before any work is done."""
     if num_orders < 1:
         raise AOGPTError(f"the number of orders must be at least 1, got {num_orders}", "pass --num-orders K >= 1")
     if ensemble < 1:
         raise AOGPTError(f"the ensemble size must be at least 1, got {ensemble}", "pass --ensemble M >= 1")
-    kind = kind_of(model)
-    sampler = resolve_order(order)
-    if not kind.any_order and (sampler is None or sampler.spec != "l2r"):
-        raise AOGPTError(f"variant {model.config.variant} reads left to right only (order {order!r} asked)",
-                         "use --order l2r")
+    fam = family_of(model)
+    resolve_order(order)  # an unknown spec is refused here
+    fam.check_order(order, " asked")
     if positions is not None and positions < 1:
         raise AOGPTError(f"--ensemble-positions must be at least 1, got {positions}", "pass a positive number")
-    if ensemble > 1 and not kind.ensemble:
-        raise AOGPTError(f"variant {model.config.variant} does not support context-order ensembling",
-                         "use --ensemble 1")
-    return kind
+    if ensemble > 1 and not fam.ensemble:
+        raise AOGPTError(f"variant {fam.name} does not support context-order ensembling", "use --ensemble 1")
+    return fam
 
 
 @torch.inference_mode()
@@ -347,10 +287,10 @@ def evaluate(model: nn.Module, data: torch.Tensor | Iterable[torch.Tensor], *, o
     random steps per sequence (unbiased estimator, module doc). progress: an object with
     ``update(n)`` (e.g. a tqdm bar), advanced by one per batch.
     """
-    model = getattr(model, "model", model)  # accept aogpt.load()'s Loaded
+    model = unwrap(model)  # accept aogpt.load()'s Loaded
     check_request(model, order, num_orders, ensemble, ensemble_positions)
     sampler = resolve_order(order)
-    K = 1 if sampler is not None and sampler.is_fixed and ensemble == 1 else num_orders
+    K = 1 if sampler.is_fixed and ensemble == 1 else num_orders
     if batch_size < 1:
         raise AOGPTError(f"the batch size must be at least 1, got {batch_size}", "pass --batch-size >= 1")
     device = next(model.parameters()).device

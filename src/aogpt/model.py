@@ -3,7 +3,7 @@
 One class, one forward pass (`forward_slots`); the variant only decides how the *target position*
 enters (see `config.TARGET_INJECTIONS`) and whether attention is causal.
 
-Slot layout of the decoder for a sequence x of length n read in order sigma (DESIGN.md section 1):
+Slot layout of the decoder for a sequence x of length n read in order sigma (docs/design.md):
 
     slot        0          1            ...  n-1                 (n: only for generation)
     content     [None]     x[s0]             x[s(n-2)]           x[s(n-1)]
@@ -29,6 +29,7 @@ from torch import nn
 
 from aogpt.config import ModelConfig
 from aogpt.errors import AOGPTError
+from aogpt.kv_cache import Conditions, KVCache
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -115,37 +116,6 @@ def embed_target(table: nn.Embedding, target: torch.Tensor) -> torch.Tensor:
     return F.embedding(target, F.pad(table.weight, (0, 0, 0, 1)))
 
 
-class KVCache:
-    """Static key/value buffers for every layer, preallocated once (gpt-fast style).
-
-    Before each forward the caller sets `write_index` (where this forward's new keys go: an int
-    start column shared by the batch, or a LongTensor (B, S) of columns) and `span` (how many
-    leading columns the forward attends over, with the mask it passes). Nothing is ever
-    concatenated or copied as the cache grows.
-    """
-
-    def __init__(self, cfg: ModelConfig, batch: int, capacity: int, device: torch.device | str,
-                 dtype: torch.dtype):
-        shape = (cfg.n_layer, batch, cfg.n_head, capacity, cfg.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.capacity = capacity
-        self.write_index: int | torch.Tensor = 0
-        self.span = 0
-        self._rows = torch.arange(batch, device=device)[:, None]
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        kc, vc = self.k[layer], self.v[layer]
-        if isinstance(self.write_index, int):
-            end = self.write_index + k.shape[2]
-            kc[:, :, self.write_index:end] = k
-            vc[:, :, self.write_index:end] = v
-        else:  # per-sequence columns: kc[b, :, write_index[b, s]] = k[b, :, s]
-            kc[self._rows, :, self.write_index] = k.transpose(1, 2)
-            vc[self._rows, :, self.write_index] = v.transpose(1, 2)
-        return kc[:, :, : self.span], vc[:, :, : self.span]
-
-
 class SelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
@@ -162,13 +132,15 @@ class SelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.layer_idx = layer_idx
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, cache: KVCache | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, cache: KVCache | None,
+                cache_pos: int | torch.Tensor | None = None) -> torch.Tensor:
         B, S, d = x.shape
         q, k, v = (t.view(B, S, self.n_head, -1).transpose(1, 2) for t in self.c_attn(x).split(d, dim=2))
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if cache is not None:
-            k, v = cache.update(self.layer_idx, k, v)
+            span = attn_mask.shape[-1] if attn_mask is not None else cache_pos + S
+            k, v = cache.update(self.layer_idx, k, v, cache_pos, span)
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0,
             is_causal=self.causal and attn_mask is None and cache is None,
@@ -205,10 +177,6 @@ class Block(nn.Module):
         if cfg.target == "per-block":
             self.wtpe = nn.Embedding(cfg.block_size, cfg.n_embd)
 
-    def condition_weights(self) -> tuple[torch.Tensor | None, ...]:
-        """Everything `condition` reads (the key of the inference-time table cache)."""
-        return (*self.adaLN.parameters(), self.ln_1.weight, self.ln_1.bias, self.ln_2.weight, self.ln_2.bias)
-
     def condition(self, target_embedding: torch.Tensor) -> torch.Tensor:
         """adaLN rows (..., 6d): shift, scale, gate for attention then MLP, norms' affine folded in."""
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = self.adaLN(target_embedding).chunk(6, dim=-1)
@@ -216,15 +184,15 @@ class Block(nn.Module):
                           *fold_affine(self.ln_2, shift_m, scale_m), gate_m], dim=-1)
 
     def forward(self, x: torch.Tensor, cond: torch.Tensor | None, attn_mask: torch.Tensor | None,
-                cache: KVCache | None) -> torch.Tensor:
+                cache: KVCache | None, cache_pos: int | torch.Tensor | None = None) -> torch.Tensor:
         if not self.adaptive:
             if cond is not None:
                 x = x + cond
-            x = x + self.attn(self.ln_1(x), attn_mask, cache)
+            x = x + self.attn(self.ln_1(x), attn_mask, cache, cache_pos)
             return x + self.mlp(self.ln_2(x))
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = cond.chunk(6, dim=-1)
         h = torch.addcmul(shift_a, self.ln_1.normalize(x), scale_a)
-        x = torch.addcmul(x, gate_a, self.attn(h, attn_mask, cache))
+        x = torch.addcmul(x, gate_a, self.attn(h, attn_mask, cache, cache_pos))
         h = torch.addcmul(shift_m, self.ln_2.normalize(x), scale_m)
         return torch.addcmul(x, gate_m, self.mlp(h))
 
@@ -236,9 +204,6 @@ class FinalLayer(nn.Module):
         super().__init__()
         self.ln_f = make_norm(cfg, cfg.n_embd)
         self.adaLN_final = nn.Sequential(nn.SiLU(), nn.Linear(cfg.target_dim, 2 * cfg.n_embd))
-
-    def condition_weights(self) -> tuple[torch.Tensor | None, ...]:
-        return (*self.adaLN_final.parameters(), self.ln_f.weight, self.ln_f.bias)
 
     def condition(self, target_embedding: torch.Tensor) -> torch.Tensor:
         shift, scale = self.adaLN_final(target_embedding).chunk(2, dim=-1)
@@ -271,7 +236,6 @@ class Transformer(nn.Module):
         else:
             parts["ln_f"] = make_norm(cfg, d)
         self.transformer = nn.ModuleDict(parts)
-        self._tables: dict[int, tuple[tuple, torch.Tensor]] = {}  # inference cache of adaLN tables
         self.lm_head = nn.Linear(d, cfg.vocab_size, bias=cfg.head_bias)
         if cfg.tie_head:
             self.lm_head.weight = self.transformer.wte.weight
@@ -329,31 +293,32 @@ class Transformer(nn.Module):
             x = x + embed_target(tr.wtpe, target)
         return x
 
-    def _adaptive(self, module: nn.Module, target: torch.Tensor) -> torch.Tensor:
+    def _adaptive(self, module: nn.Module, target: torch.Tensor, table: torch.Tensor | None = None) -> torch.Tensor:
         """`module.condition(wtpe[target])`: adaLN rows per slot. They depend on the target position
-        only: without gradients (evaluation, generation) the per-position table is computed once and
-        reused until the weights change; in training, with more slots than positions, it is computed
-        per position and gathered."""
-        if not torch.is_grad_enabled():
-            return F.embedding(target, self._frozen_table(module))
-        table = F.pad(self.transformer.wtpe.weight, (0, 0, 0, 1))  # + the zero "no target" row
-        if target.numel() > table.shape[0]:
-            return F.embedding(target, module.condition(table))
-        return module.condition(F.embedding(target, table))
+        only: from the precomputed per-position `table` when one is given (generation), else computed
+        per position and gathered when there are more slots than positions, else per slot."""
+        if table is not None:
+            return F.embedding(target, table)
+        positions = F.pad(self.transformer.wtpe.weight, (0, 0, 0, 1))  # + the zero "no target" row
+        if target.numel() > positions.shape[0]:
+            return F.embedding(target, module.condition(positions))
+        return module.condition(F.embedding(target, positions))
 
-    def _frozen_table(self, module: nn.Module) -> torch.Tensor:
-        weights = (self.transformer.wtpe.weight, *module.condition_weights())
-        key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights if w is not None)
-        cached = self._tables.get(id(module))
-        if cached is None or cached[0] != key:
-            cached = (key, module.condition(F.pad(weights[0], (0, 0, 0, 1))))
-            self._tables[id(module)] = cached
-        return cached[1]
+    @torch.no_grad()
+    def conditions(self) -> Conditions | None:
+        """The per-position adaLN tables of the current weights (None unless AO-GPT's adaLN): what a
+        KV cache is set up with, so decode steps look the modulation up instead of computing it."""
+        if self.config.target != "adaln":
+            return None
+        positions = F.pad(self.transformer.wtpe.weight, (0, 0, 0, 1))
+        return Conditions([b.condition(positions) for b in self.transformer.h],
+                          self.transformer.final_layer.condition(positions))
 
-    def _block_conditions(self, target: torch.Tensor | None) -> list[torch.Tensor | None]:
+    def _block_conditions(self, target: torch.Tensor, conditions: Conditions | None) -> list[torch.Tensor | None]:
         kind, blocks = self.config.target, self.transformer.h
         if kind == "adaln":
-            return [self._adaptive(b, target) for b in blocks]
+            tables = conditions.blocks if conditions is not None else [None] * len(blocks)
+            return [self._adaptive(b, target, t) for b, t in zip(blocks, tables, strict=True)]
         if kind == "every-block":
             shared = embed_target(self.transformer.wtpe, target)
             return [shared] * len(blocks)
@@ -363,26 +328,33 @@ class Transformer(nn.Module):
 
     def forward_slots(self, tokens: torch.Tensor, pos: torch.Tensor, target: torch.Tensor | None = None, *,
                       attn_mask: torch.Tensor | None = None, cache: KVCache | None = None,
-                      select: torch.Tensor | None = None) -> torch.Tensor:
+                      cache_pos: int | torch.Tensor | None = None, select: torch.Tensor | None = None,
+                      conditions: Conditions | None = None) -> torch.Tensor:
         """Logits for arbitrary slots: the one forward pass every caller goes through.
 
         tokens, pos, target: (B, S) slot contents (< 0: no content), original positions (0 = start),
         target positions (``block_size``: none). attn_mask: bool (B, 1, S, span), True = may attend;
         None means causal (decoder) or full (encoder) attention over these slots. cache: the static
-        KV cache to write this forward's keys into and attend over. select: (B, R) slot indices
-        whose logits are wanted (the head is the costliest layer of a small model).
+        KV cache (`setup_cache`) to write this forward's keys into at `cache_pos` (an int start
+        column, or (B, S) columns) and attend over (`aogpt.kv_cache`). select: (B, R) slot indices
+        whose logits are wanted (the head is the costliest layer of a small model). conditions:
+        precomputed adaLN tables (default: the cache's, else computed from the weights now).
         """
         if target is None:
             target = torch.full_like(pos, self.config.block_size)
+        if cache is not None:
+            if cache_pos is None:
+                raise AOGPTError("a forward with a KV cache needs cache_pos (where its keys go)", "pass cache_pos")
+            conditions = conditions if conditions is not None else cache.conditions
         x = self.transformer.drop(self.embed(tokens, pos, target))
-        for block, cond in zip(self.transformer.h, self._block_conditions(target), strict=True):
-            x = block(x, cond, attn_mask, cache)
+        for block, cond in zip(self.transformer.h, self._block_conditions(target, conditions), strict=True):
+            x = block(x, cond, attn_mask, cache, cache_pos)
         if select is not None:
             x = x.gather(1, select.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
             target = target.gather(1, select)
         if self.config.target == "adaln":
             final = self.transformer.final_layer
-            x = final(x, self._adaptive(final, target))
+            x = final(x, self._adaptive(final, target, None if conditions is None else conditions.final))
         else:
             x = self.transformer.ln_f(x)
         return self.lm_head(x)
@@ -440,6 +412,9 @@ class Transformer(nn.Module):
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
 
-    def new_cache(self, batch: int, capacity: int | None = None) -> KVCache:
-        p = next(self.parameters())
-        return KVCache(self.config, batch, capacity or self.config.block_size + 2, p.device, p.dtype)
+    def setup_cache(self, batch: int, capacity: int | None = None) -> KVCache:
+        """A static KV cache for `batch` sequences of up to `capacity` slots (default: the context
+        plus the start slot and one scratch column), with the adaLN tables of the current weights."""
+        cfg, p = self.config, next(self.parameters())
+        return KVCache(cfg.n_layer, batch, cfg.n_head, capacity or cfg.block_size + 2, cfg.head_dim, p.device,
+                       p.dtype, self.conditions())

@@ -1,19 +1,25 @@
-"""Order distributions: which permutation of positions each training sequence is read in.
+"""Orders: the one vocabulary for training, evaluation, generation and the command line.
 
 An order is a LongTensor (B, n) whose row b lists the original positions in the order they are
-generated: ``order[b, i]`` is the position predicted at step i. Every sampler draws the whole batch
-at once on the batch's device (no Python loop per sequence).
+read or generated: ``order[b, i]`` is the position predicted at step i. Every sampler draws the
+whole batch at once on the batch's device (no Python loop per sequence).
 
-Specs (``make_order_sampler``):
+Specs (``make_order_sampler``; the same strings for `aogpt train --order`, `aogpt eval --order`
+and `aogpt sample --order`):
 
 - ``l2r``: the identity (left-to-right GPT).
-- ``uniform``: uniform over all n! permutations (the any-order / masked-diffusion objective).
+- ``uniform`` (alias ``random``): uniform over all n! permutations (the any-order /
+  masked-diffusion objective).
 - ``mixture[:P]``: each sequence is left to right with probability P (default 0.1), else uniform
   (the AO-GPT recipe).
 - ``fixed-random[:SEED]``: one permutation drawn from SEED (default 0) and kept for the whole run.
 - ``blockwise[:K[:SEED]]``: blocks of K positions (default 4) left to right, and inside every block
   one fixed non-identity permutation (K = 4 without SEED uses the paper's 0->2->3->1). A last,
   shorter block uses the same permutation restricted to its positions.
+
+Besides specs, generation and evaluation accept explicit orders: a permutation (n,) for every
+sequence or one per sequence (N, n), checked by `check_permutation`. Whether something is left to
+right is answered by `is_left_to_right`, for specs, samplers and tensors alike.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import torch
 from aogpt.errors import AOGPTError
 
 ORDER_SPECS = ("l2r", "uniform", "mixture[:P]", "fixed-random[:SEED]", "blockwise[:K[:SEED]]")
+ALIASES = {"random": "uniform"}  # generation's and evaluation's historical name for uniform orders
 
 
 class OrderSampler:
@@ -125,6 +132,9 @@ def blockwise_order(n: int, k: int, seed: int | None = None) -> torch.Tensor:
 
 def make_order_sampler(spec: str) -> OrderSampler:
     """Parse an order spec (see the module docstring) into a sampler."""
+    if isinstance(spec, OrderSampler):
+        return spec
+    spec = ALIASES.get(spec, spec)
     name, _, rest = spec.partition(":")
     args = rest.split(":") if rest else []
     try:
@@ -148,6 +158,28 @@ def make_order_sampler(spec: str) -> OrderSampler:
     raise AOGPTError(f"unknown order spec {spec!r}", f"use one of: {', '.join(ORDER_SPECS)}")
 
 
-def is_permutation(order: torch.Tensor) -> bool:
-    n = order.shape[-1]
-    return bool((order.sort(dim=-1).values == torch.arange(n, device=order.device)).all())
+def check_permutation(order: torch.Tensor | list[int], n: int, rows: int | None = None,
+                      what: str = "order") -> torch.Tensor:
+    """`order` as a LongTensor on the CPU, (n,) or (rows, n), every row a permutation of 0..n-1;
+    anything else is a user error."""
+    try:
+        t = torch.as_tensor(order, dtype=torch.long).cpu()
+    except (TypeError, ValueError, RuntimeError):
+        raise AOGPTError(f"the {what} is not a list of positions", "pass a permutation of the positions") from None
+    shapes = f"({n},)" if rows is None else f"({n},) or ({rows}, {n})"
+    if t.dim() not in (1, 2) or t.shape[-1] != n or (t.dim() == 2 and rows is not None and t.shape[0] != rows):
+        raise AOGPTError(f"an {what} must have shape {shapes}, got {tuple(t.shape)}",
+                         "pass a permutation of the output positions")
+    if not bool((t.sort(dim=-1).values == torch.arange(n)).all()):
+        raise AOGPTError(f"the given {what} is not a permutation of 0..{n - 1}", "list every position exactly once")
+    return t
+
+
+def is_left_to_right(order: str | OrderSampler | torch.Tensor | None) -> bool:
+    """Whether `order` (a spec, a sampler, or explicit orders) always reads left to right."""
+    if order is None:
+        return True
+    if isinstance(order, torch.Tensor):
+        return bool((order == torch.arange(order.shape[-1], device=order.device)).all())
+    spec = order.spec if isinstance(order, OrderSampler) else ALIASES.get(order, order)
+    return spec == LeftToRight.spec

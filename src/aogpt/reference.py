@@ -36,8 +36,9 @@ from typing import Any
 import torch
 
 from aogpt.checkpoint import FORMAT, find_checkpoint, read_config, read_weights, save_checkpoint, weights_of
-from aogpt.config import VARIANT_DEFAULTS, ModelConfig, model_config, model_config_from_dict, to_dict
+from aogpt.config import ModelConfig, model_config, model_config_from_dict, to_dict
 from aogpt.errors import AOGPTError
+from aogpt.families import family
 from aogpt.io import atomic_write_bytes, ensure_writable_dir
 from aogpt.model import Transformer
 
@@ -208,7 +209,7 @@ def reference_incompatibilities(cfg: ModelConfig) -> list[str]:
     """Why `cfg` is not one of the reference architectures (empty if it is). Sizes are free."""
     if cfg.variant not in ARCH_NAMES:
         return [f"variant {cfg.variant} (the reference format holds aogpt and sigma only)"]
-    expected = dict(VARIANT_DEFAULTS[cfg.variant], norm_eps=NORM_EPS)
+    expected = dict(family(cfg.variant).architecture, norm_eps=NORM_EPS)
     if cfg.variant == "aogpt":
         expected.pop("head_bias")  # the head's bias shows in the keys; both forms round-trip
     return [f"{k}={getattr(cfg, k)!r} (the reference uses {v!r})" for k, v in expected.items() if getattr(cfg, k) != v]

@@ -1,6 +1,6 @@
 """Unmasking schedules: how many masked positions each of the T generation steps reveals.
 
-Two policies (DESIGN.md section 1, paper Eq. 5 and Lemma 4.1):
+Two policies (docs/design.md, paper Eq. 5 and Lemma 4.1):
 
 - ``count``: a deterministic number per step, the same for every sequence (the reference code's
   rule). With u positions to generate, the number revealed after step k is ``floor(u * (1 - t_k))``
@@ -22,15 +22,10 @@ import math
 
 import torch
 
-from aogpt.errors import AOGPTError
+from aogpt.errors import AOGPTError, check_choice
 
 POLICIES = ("bernoulli", "count")
 SCHEDULES = ("linear", "cosine")
-
-
-def check_choice(kind: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise AOGPTError(f"unknown {kind} {value!r}", f"choose one of: {', '.join(choices)}")
 
 
 def time_grid(steps: int, schedule: str = "linear") -> list[float]:

@@ -40,6 +40,7 @@ from aogpt.config import ModelConfig, TrainConfig, to_dict
 from aogpt.device import resolve_device
 from aogpt.ema import EMA
 from aogpt.errors import AOGPTError
+from aogpt.families import family, family_of
 from aogpt.model import Transformer
 from aogpt.orders import make_order_sampler
 from aogpt.plots import plot_loss_curves
@@ -107,14 +108,9 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def training_loss(model: nn.Module, idx: torch.Tensor, order: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Mean per-token loss of the batch: the any-order loss for decoders (one causal pass, the
-    orders already drawn), the masked-diffusion loss for the encoder-only MDM."""
-    cfg: ModelConfig = (model.module if hasattr(model, "module") else model).config
-    if cfg.variant == "encoder-mdm":
-        from aogpt.encoder import masked_diffusion_loss
-
-        return masked_diffusion_loss(model, idx, generator).mean()
-    return model(idx, order)[1].mean()
+    """Mean per-token loss of the batch, as the model's family defines it: the any-order loss for
+    decoders (one causal pass, the orders already drawn), the masked-diffusion loss for the encoder."""
+    return family_of(model).train_loss(model, idx, order, generator).mean()
 
 
 def accumulation_steps(cfg: TrainConfig, world_size: int, block_size: int) -> int:
@@ -186,9 +182,9 @@ class Trainer:
         self.accum = accumulation_steps(cfg, self.info.world_size, self.block_size)
         self.sequences_per_step = cfg.batch_size * self.accum * self.info.world_size
         self.tokens_per_step = self.sequences_per_step * self.block_size
-        if model_cfg.variant == "gpt" and cfg.order != "l2r":
-            raise AOGPTError(f"variant gpt reads left to right only (order {cfg.order!r})", "use --order l2r")
+        self.family = family(model_cfg.variant)
         self.order_sampler = make_order_sampler(cfg.order)
+        self.family.check_order(self.order_sampler)
 
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         self.raw = Transformer(model_cfg).to(self.device)
@@ -280,7 +276,6 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """Mean validation loss per token: left to right and any-order, raw and EMA weights."""
         results: dict[str, float] = {}
-        any_order = self.model_cfg.variant in ("sigma", "aogpt")
         for weights, model in (("raw", self.model), ("ema", self.ema.model)):
             model.eval()
             sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # l2r, any, tokens
@@ -292,13 +287,8 @@ class Trainer:
                     continue
                 idx = idx.to(self.device)
                 with self._autocast():
-                    if self.model_cfg.variant == "encoder-mdm":
-                        from aogpt.encoder import validation_losses
-
-                        l2r, anyo = validation_losses(model, idx, order)
-                    else:
-                        l2r = model(idx)[1].sum()
-                        anyo = model(idx, order)[1].sum() if any_order else torch.zeros(())
+                    l2r, anyo = self.family.validation_losses(model, idx, order)
+                    anyo = torch.zeros((), device=self.device) if anyo is None else anyo
                 sums += torch.stack(
                     [l2r.double(), anyo.double(), torch.tensor(idx.numel(), device=self.device, dtype=torch.float64)]
                 )
@@ -306,7 +296,7 @@ class Trainer:
             if sums[2] == 0:
                 raise AOGPTError("the validation split gave no batches", "prepare more validation data")
             results[f"val/l2r/{weights}"] = float(sums[0] / sums[2])
-            if any_order or self.model_cfg.variant == "encoder-mdm":
+            if self.family.any_order:
                 results[f"val/any/{weights}"] = float(sums[1] / sums[2])
         self.last_eval = results
         return results

@@ -2,7 +2,7 @@
 Estimation Efficiency").
 
 A decoder gets all n conditionals of an order in one causal pass (`Transformer.forward`); the
-encoder-only MDM needs one pass per conditional (`aogpt.encoder.order_nll`: n rows of n slots,
+encoder-only MDM needs one pass per conditional (`aogpt.families.encoder.order_nll`: n rows of n slots,
 batched). Both are timed on the same random tokens and order, at equal size, and the ratio reported.
 """
 
@@ -43,7 +43,7 @@ def bench_density(*, n: int = 256, batch: int = 1, size: Size | None = None, rep
     """Time the exact NLL of `batch` sequences of n tokens under one random order (l2r for gpt)."""
     if n < 1 or batch < 1 or repeats < 1:
         raise AOGPTError("n, batch and repeats must be positive", "e.g. --n 256 --batch 1 --repeats 3")
-    from aogpt.encoder import order_nll
+    from aogpt.families.encoder import order_nll
 
     dev = resolve_device(device)
     checkpoints = checkpoints or {}

@@ -1,4 +1,4 @@
-"""Encoder-only masked-diffusion baseline (MDLM/RADD style) on the decoder's own blocks.
+"""The encoder-only masked-diffusion family (MDLM/RADD style), on the decoder's own blocks.
 
 The model is the same `Transformer` built with ``variant="encoder-mdm"``: full attention, a `[MASK]`
 embedding (the `wnonee` row, used by every slot whose token id is < 0), no time input. Its slots
@@ -7,15 +7,16 @@ gives p(x_j | unmasked tokens) at every position j, order-invariant in the conte
 
 What lives here (docs/encoder.md):
 
-* `masked_diffusion_loss`: the training objective (DESIGN.md §1). k ~ U{1..n}, a uniform subset of
-  k positions masked, per-sequence loss (n/k) * sum over masked j of -log p(x_j | unmasked). Its
-  expectation over k and the subset equals the AO-AR loss E_sigma sum_i -log p(x_sigma_i | x_sigma_<i).
+* `masked_diffusion_loss`: the training objective (docs/design.md, "Training objectives").
+  k ~ U{1..n}, a uniform subset of k positions masked, per-sequence loss
+  (n/k) * sum over masked j of -log p(x_j | unmasked). Its expectation over k and the subset
+  equals the AO-AR loss E_sigma sum_i -log p(x_sigma_i | x_sigma_<i).
 * `order_nll`: the exact NLL of a sequence under one order (n conditionals, n forwards, batched as
-  rows); `mc_bound`: one-forward unbiased estimate of the any-order bound. Both are registered with
-  `aogpt.evaluate` so `aogpt eval` scores encoder checkpoints.
+  rows); `mc_bound`: one-forward unbiased estimate of the any-order bound. `ENCODER_MDM`, the
+  family object, hands them to `aogpt.evaluate`, so `aogpt eval` scores encoder checkpoints.
 * `validation_losses`: the trainer's periodic validation, two forwards per sequence (unbiased
   estimators of the left-to-right NLL and of the any-order loss).
-* `EncoderChunk`: the reverse-process sampler. `aogpt.generate.generate` drives it for encoder
+* `EncoderSampler`: the reverse-process sampler. `aogpt.generate.generate` drives it for encoder
   models, so prompts, infilling, unmasking policies (Lemma 4.1 Bernoulli or counts, linear/cosine),
   orders, seeds and the sampling knobs are shared with the decoder's generator.
 """
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -32,20 +33,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from aogpt.errors import AOGPTError
-from aogpt.evaluate import ModelKind, register_kind
+from aogpt.families.base import ModelFamily, unwrap
 from aogpt.sampling import SamplingConfig, sample_tokens
 
-__all__ = ["draw_masks", "masked_diffusion_loss", "weighted_losses", "order_nll", "mc_bound",
-           "validation_losses", "l2r_cut_estimate", "any_cut_estimate", "EncoderChunk", "generate"]
-
-
-def _core(model: nn.Module) -> nn.Module:
-    """The Transformer inside a DDP/FSDP wrapper (wrappers expose it as `.module`)."""
-    return model.module if hasattr(model, "module") else model
+__all__ = ["ENCODER_MDM", "EncoderFamily", "draw_masks", "masked_diffusion_loss", "weighted_losses", "order_nll",
+           "mc_bound", "validation_losses", "l2r_cut_estimate", "any_cut_estimate", "EncoderSampler"]
 
 
 def _check_encoder(model: nn.Module) -> None:
-    cfg = getattr(_core(model), "config", None)
+    cfg = getattr(unwrap(model), "config", None)
     if cfg is None or cfg.causal:
         raise AOGPTError(f"variant {getattr(cfg, 'variant', type(model).__name__)} is not an encoder-only MDM",
                          "use an encoder-mdm model here, or the decoder's functions")
@@ -111,7 +107,7 @@ def order_nll(model: nn.Module, idx: torch.Tensor, order: torch.Tensor | None = 
     The B * n conditionals are rows of a batched forward, in chunks of at most `token_budget` slots;
     only each row's target position goes through the output head. Cost: n forwards per sequence.
     """
-    core = _core(model)
+    core = unwrap(model)
     _check_encoder(core)
     B, n = idx.shape
     dev = idx.device
@@ -186,14 +182,12 @@ def validation_losses(model: nn.Module, idx: torch.Tensor, order: torch.Tensor,
     return l2r, anyo
 
 
-register_kind("encoder-mdm", ModelKind("encoder-mdm", order_nll, mc_bound, any_order=True, ensemble=False))
-
-
 # --------------------------------------------------------------------------- sampling
-class EncoderChunk:
-    """The reverse process for one batch, driven by `aogpt.generate.generate` (same interface as its
-    decoder chunk): chain orders (known positions first, then masked ones in unmasking order) and a
-    (B, T) plan of positions revealed per step come from the shared generator code.
+class EncoderSampler:
+    """The reverse process for one batch, driven by `aogpt.generate.generate` (same interface as the
+    decoder's `aogpt.generation.decoder.DecoderSampler`): chain orders (known positions first, then
+    masked ones in unmasking order) and a (B, T) plan of positions revealed per step come from the
+    shared plan code (`aogpt.generation.plan`).
 
     Step t reveals the next k_b chain positions of sequence b, each sampled independently from
     p(x_j | tokens unmasked so far): one full bidirectional forward, the head only at revealed
@@ -208,8 +202,7 @@ class EncoderChunk:
     """
 
     def __init__(self, model: nn.Module, chain: torch.Tensor, known: torch.Tensor, plan: np.ndarray,
-                 use_cache: bool, teacher: torch.Tensor | None, record: bool, skip_noop: bool = True):
-        del use_cache  # an encoder has no KV cache: every step is a full pass
+                 teacher: torch.Tensor | None, record: bool, skip_noop: bool = True):
         _check_encoder(model)
         B, n = chain.shape
         dev = chain.device
@@ -270,10 +263,30 @@ class EncoderChunk:
         self.g += k
 
 
-def generate(model: nn.Module, **kwargs: Any) -> Any:
-    """Sample from an encoder-only MDM: `aogpt.generate.generate` with the encoder's sampler (same
-    arguments, plus ``skip_noop``)."""
-    from aogpt.generate import generate as _generate
+@dataclass(frozen=True)
+class EncoderFamily(ModelFamily):
+    """Bidirectional: no KV cache, n forwards for the exact NLL of one order, T forwards to generate."""
 
-    _check_encoder(model)
-    return _generate(model, **kwargs)
+    def train_loss(self, model, idx, order, generator):
+        del order  # the encoder draws its own masks (k ~ U{1..n}, a uniform subset)
+        return masked_diffusion_loss(model, idx, generator)
+
+    def order_nll(self, model, idx, order):
+        return order_nll(model, idx, order)
+
+    def mc_bound(self, model, idx, generator):
+        return mc_bound(model, idx, generator).double()
+
+    def validation_losses(self, model, idx, order):
+        return validation_losses(model, idx, order)
+
+    def sampler(self, model, chain, known, plan, *, use_cache, teacher, record, skip_noop):
+        del use_cache  # an encoder has no KV cache: every step is a full pass
+        return EncoderSampler(model, chain, known, plan, teacher, record, skip_noop)
+
+
+# Encoder-only MDM (MDLM/RADD style): bidirectional, [MASK] slots, no time input.
+ENCODER_MDM = EncoderFamily(
+    name="encoder-mdm", summary="encoder-only masked diffusion model (MDLM/RADD style)",
+    architecture=dict(norm="layernorm", qk_norm=False, target="none", tie_head=True, head_bias=False),
+    default_order="uniform", causal=False, any_order=True, parallel_steps=True, one_pass_nll=False)

@@ -1,0 +1,57 @@
+"""The decoder family: left-to-right GPT, sigma-GPT and AO-GPT on one causal transformer.
+
+All three read a sequence in an order through the slot layout of `aogpt.model` (start slot, then
+the tokens in the order, each slot told the position it must predict next), so one causal forward
+gives all n conditionals of an order: the exact NLL, the training loss and, with a KV cache, O(n)
+generation (`aogpt.generation.decoder`). They differ only in whether, and how, the target position
+enters the model, which decides whether orders other than left to right are possible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from aogpt.families.base import ModelFamily
+from aogpt.generation.decoder import DecoderSampler
+
+
+@dataclass(frozen=True)
+class DecoderFamily(ModelFamily):
+    def train_loss(self, model, idx, order, generator):
+        return model(idx, order)[1]
+
+    def order_nll(self, model, idx, order):
+        return model(idx, order)[1]
+
+    def validation_losses(self, model, idx, order):
+        l2r = model(idx)[1].sum()
+        return l2r, (model(idx, order)[1].sum() if self.any_order else None)
+
+    def sampler(self, model: nn.Module, chain: torch.Tensor, known: torch.Tensor, plan, *, use_cache: bool,
+                teacher: torch.Tensor | None, record: bool, skip_noop: bool) -> DecoderSampler:
+        del skip_noop  # a decoder step that reveals nothing runs no forward anyway
+        return DecoderSampler(model, chain, known, plan, use_cache, teacher, record)
+
+
+# GPT-2 blocks, left to right, tied head: the paper's AR control.
+GPT = DecoderFamily(
+    name="gpt", summary="left-to-right GPT-2 (the AR control)",
+    architecture=dict(norm="layernorm", qk_norm=False, target="none", tie_head=True, head_bias=False),
+    default_order="l2r", kv_cache=True)
+
+# sigma-GPT exactly as the paper reproduced it (and as its released checkpoints are).
+SIGMA = DecoderFamily(
+    name="sigma", summary="sigma-GPT: the target position added at the input",
+    architecture=dict(norm="layernorm", qk_norm=False, target="input", tie_head=True, head_bias=False),
+    default_order="uniform", target_position=True, any_order=True, ensemble=True, parallel_steps=True,
+    kv_cache=True)
+
+# AO-GPT: adaLN on a 128-wide target table, RMSNorm, QK-norm, untied head with bias; 10% L2R orders.
+AOGPT = DecoderFamily(
+    name="aogpt", summary="AO-GPT: the target position drives adaLN in every block",
+    architecture=dict(norm="rmsnorm", qk_norm=True, target="adaln", tie_head=False, head_bias=True),
+    default_order="mixture", target_position=True, any_order=True, ensemble=True, parallel_steps=True,
+    kv_cache=True)

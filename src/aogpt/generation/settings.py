@@ -1,0 +1,93 @@
+"""Generation settings as one object, shared by the Python API, the CLI and the benchmarks.
+
+`GenerationSettings` = how each token is drawn (`SamplingConfig`: temperature, top-p, top-k,
+greedy, precision) + how the positions are revealed (`DecodePlan`: steps, policy, schedule, order)
++ how the work is run (batch size, KV cache). `aogpt.generate.generate(model, settings=...)` takes
+it; the familiar keyword arguments (``temperature=0.8, steps=32, ...``) are shortcuts that override
+single fields (`GenerationSettings.with_overrides`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from aogpt.errors import AOGPTError, check_choice
+from aogpt.sampling import SamplingConfig
+from aogpt.schedules import POLICIES, SCHEDULES
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """Which positions each step reveals.
+
+    steps: T (None: one step per position to generate). policy: "bernoulli" (Lemma 4.1) or "count"
+    (None: the model family's default: Bernoulli where several tokens per step are possible).
+    schedule: "linear" or "cosine" time grid. order: the unmasking order: an `aogpt.orders` spec
+    ("random"/"uniform", "l2r", "blockwise:4", ...) or explicit permutation(s) (n,) / (N, n); None:
+    uniform (left to right for a left-to-right model).
+    """
+
+    steps: int | None = None
+    policy: str | None = None
+    schedule: str = "linear"
+    order: Any = None
+
+    def validate(self) -> DecodePlan:
+        if self.policy is not None:
+            check_choice("policy", self.policy, POLICIES)
+        check_choice("schedule", self.schedule, SCHEDULES)
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        order = self.order if self.order is None or isinstance(self.order, str) else "given"
+        return {"steps": self.steps, "policy": self.policy, "schedule": self.schedule, "order": order}
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """Everything that decides what `generate` does, apart from the conditioning and the seed."""
+
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    plan: DecodePlan = field(default_factory=DecodePlan)
+    batch_size: int = 32
+    use_cache: bool = True
+
+    SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "greedy", "dtype")
+    PLAN_FIELDS = ("steps", "policy", "schedule", "order")
+    RUN_FIELDS = ("batch_size", "use_cache")
+
+    def with_overrides(self, **overrides: Any) -> GenerationSettings:
+        """A copy with single fields replaced by their keyword names (``temperature=0.8,
+        steps=32, batch_size=8``); an unknown name is a TypeError, as for any Python call."""
+        sampling = {k: overrides.pop(k) for k in self.SAMPLING_FIELDS if k in overrides}
+        plan = {k: overrides.pop(k) for k in self.PLAN_FIELDS if k in overrides}
+        run = {k: overrides.pop(k) for k in self.RUN_FIELDS if k in overrides}
+        if overrides:
+            raise TypeError(f"unknown generation setting(s): {', '.join(sorted(overrides))}")
+        return dataclasses.replace(self, sampling=dataclasses.replace(self.sampling, **sampling),
+                                   plan=dataclasses.replace(self.plan, **plan), **run)
+
+    def validate(self) -> GenerationSettings:
+        self.sampling.validate()
+        self.plan.validate()
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise AOGPTError(f"batch size must be >= 1, got {self.batch_size}", "use e.g. --batch-size 8")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.plan.to_dict(), **self.sampling.to_dict(), "batch_size": self.batch_size,
+                "use_cache": self.use_cache}
+
+
+def settings_from(settings: GenerationSettings | None, **overrides: Any) -> GenerationSettings:
+    """`settings` (default: `GenerationSettings()`) with keyword overrides applied."""
+    base = settings if settings is not None else GenerationSettings()
+    if not isinstance(base, GenerationSettings):
+        raise AOGPTError(f"settings must be a GenerationSettings, got {type(base).__name__}",
+                         "build one with aogpt.generation.settings.GenerationSettings(...)")
+    return base.with_overrides(**overrides)
+
+
+__all__ = ["DecodePlan", "GenerationSettings", "SamplingConfig", "settings_from"]
