@@ -52,3 +52,25 @@ def random_checkpoint(root: Path, variant: str, *, block_size: int, scale: float
     save_checkpoint(path, model, config={"model": to_dict(cfg), "tokenizer": "bytes", "step": 10}, ema=ema,
                     tokenizer=ByteTokenizer())
     return path.parent
+
+
+def random_model(variant: str, n: int = 8, vocab: int = 11, seed: int = 0, scale: float = 0.4) -> Transformer:
+    """A small float64 model with *all* weights random (adaLN starts at zero otherwise): its
+    conditionals are far from uniform and depend on the order."""
+    torch.manual_seed(seed)
+    extra = {"target_dim": 8} if variant == "aogpt" else {}
+    model = Transformer(model_config(variant, n_layer=2, n_head=2, n_embd=16, block_size=n, vocab_size=vocab, **extra))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, scale)
+    return model.double().eval().requires_grad_(False)
+
+
+def prefix_conditional(model: Transformer, idx: torch.Tensor, order: list[int], i: int) -> float:
+    """-log p(x[order[i]] | x[order[:i]]) from its own forward over exactly i + 1 slots."""
+    x = idx[0]
+    tokens = torch.tensor([[-1] + [int(x[p]) for p in order[:i]]])
+    pos = torch.tensor([[0] + [p + 1 for p in order[:i]]])
+    target = torch.tensor([order[: i + 1]])
+    logits = model.forward_slots(tokens, pos, target)[0, -1]
+    return float(-torch.log_softmax(logits, -1)[x[order[i]]])

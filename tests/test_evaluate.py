@@ -10,55 +10,23 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from scipy import stats
 from torch import nn
 
 from aogpt.config import model_config
+from aogpt.ensemble import ensemble_losses, ensemble_sequence_nll
 from aogpt.errors import AOGPTError
-from aogpt.evaluate import (
-    draw_seed,
-    ensemble_losses,
-    ensemble_nll,
-    ensemble_sequence_nll,
-    evaluate,
-    summarize,
-    t_quantile,
-)
+from aogpt.evaluate import conditional_logprobs, draw_seed, evaluate, summarize
 from aogpt.families import FAMILIES, family_of, register
 from aogpt.families.base import ModelFamily
 from aogpt.model import Transformer
-from tests.helpers import reference_aogpt, reference_expected
-
-
-def tiny(variant: str, n: int = 8, vocab: int = 11, seed: int = 0) -> Transformer:
-    """A small random model in float64 with *all* weights random (adaLN starts at zero otherwise)."""
-    torch.manual_seed(seed)
-    extra = {"target_dim": 8} if variant == "aogpt" else {}
-    model = Transformer(model_config(variant, n_layer=2, n_head=2, n_embd=16, block_size=n, vocab_size=vocab, **extra))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.4)
-    return model.double().eval().requires_grad_(False)
-
-
-def prefix_conditional(model: Transformer, idx: torch.Tensor, order: list[int], i: int) -> float:
-    """-log p(x[order[i]] | x[order[:i]]) from its own forward over exactly i + 1 slots."""
-    x = idx[0]
-    tokens = torch.tensor([[-1] + [int(x[p]) for p in order[:i]]])
-    pos = torch.tensor([[0] + [p + 1 for p in order[:i]]])
-    target = torch.tensor([order[: i + 1]])
-    logits = model.forward_slots(tokens, pos, target)[0, -1]
-    return float(-torch.log_softmax(logits, -1)[x[order[i]]])
-
-
-@pytest.fixture(scope="module")
-def fx() -> dict[str, np.ndarray]:
-    return reference_expected()
+from tests.helpers import prefix_conditional, random_model
 
 
 # ------------------------------------------------------------------------------------ exact orders
 @pytest.mark.parametrize("variant", ["gpt", "sigma", "aogpt"])
 def test_l2r_nll_is_the_sum_of_separate_prefix_conditionals(variant: str) -> None:
-    model = tiny(variant)
+    model = random_model(variant)
     data = torch.randint(0, 11, (3, 8), generator=torch.Generator().manual_seed(1))
     total = 0.0
     for b in range(3):
@@ -76,7 +44,7 @@ def test_l2r_nll_is_the_sum_of_separate_prefix_conditionals(variant: str) -> Non
 @pytest.mark.parametrize("variant", ["sigma", "aogpt"])
 def test_any_order_bound_over_all_orders_equals_brute_force_and_sampling_is_unbiased(variant: str) -> None:
     n = 4
-    model = tiny(variant, n=n, seed=3)
+    model = random_model(variant, n=n, seed=3)
     data = torch.randint(0, 11, (3, n), generator=torch.Generator().manual_seed(2))
     kind = family_of(model)
     perms = list(itertools.permutations(range(n)))
@@ -96,11 +64,11 @@ def test_any_order_bound_over_all_orders_equals_brute_force_and_sampling_is_unbi
     assert abs(res.nll - exact) < 4 * sd_draw / math.sqrt(K)
     assert res.se == pytest.approx(sd_draw / math.sqrt(K), rel=0.2)
     lo, hi = res.ci95
-    assert lo < res.nll < hi and hi - lo == pytest.approx(2 * t_quantile(0.975, K - 1) * res.se)
+    assert lo < res.nll < hi and hi - lo == pytest.approx(2 * stats.t.ppf(0.975, K - 1) * res.se)
 
 
 def test_fixed_orders_are_deterministic_and_batching_does_not_matter() -> None:
-    model = tiny("aogpt")
+    model = random_model("aogpt")
     data = torch.randint(0, 11, (5, 8), generator=torch.Generator().manual_seed(4))
     a = evaluate(model, data, order="blockwise:4", num_orders=5, batch_size=2)
     b = evaluate(model, data, order="blockwise:4", num_orders=1, batch_size=5)
@@ -114,92 +82,8 @@ def test_fixed_orders_are_deterministic_and_batching_does_not_matter() -> None:
     assert r1.order_means == r2.order_means and r1.order_means != r3.order_means
 
 
-# ------------------------------------------------------------------------------------ ensembles
-def test_ensemble_formula_reproduces_the_fixture(fx: dict) -> None:
-    losses = torch.tensor(fx["ens_loss_f64"])[None]
-    for m, want in zip((2, 4), fx["ens_nll_K2_K4"], strict=True):
-        assert float(ensemble_nll(losses[..., :m]).mean()) == pytest.approx(float(want), abs=1e-12)
-    assert float(ensemble_nll(losses[..., :1]).mean()) == pytest.approx(float(fx["ens_nll_base"]), abs=1e-12)
-
-
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_ensemble_members_reproduce_the_fixture(fx: dict, dtype: torch.dtype) -> None:
-    # The fixture's ens_* arrays were computed in float32 (their member-0 column equals
-    # ao_ema_loss_tok_f32 bit for bit), so they hold to float32 precision only.
-    model = reference_aogpt(dtype)
-    idx, order = torch.tensor(fx["idx"][1:2]), torch.tensor(fx["orders"][1:2])
-    members = torch.tensor(fx["ens_orders"])[None]
-    losses = ensemble_losses(model, idx, order, 4, member_orders=members, token_budget=200)
-    np.testing.assert_allclose(losses[0].numpy(), fx["ens_loss_f64"], atol=3e-6)
-    for m, want in zip((2, 4), fx["ens_nll_K2_K4"], strict=True):
-        assert float(ensemble_nll(losses[..., :m]).mean()) == pytest.approx(float(want), abs=1e-6)
-    if dtype == torch.float64:  # the base order matches the float64 reference to 1e-10
-        np.testing.assert_allclose(losses[0, :, 0].numpy(), fx["ao_ema_loss_tok_f64"][1], atol=1e-10)
-
-
-@pytest.mark.parametrize("budget", [40, 1 << 14])
-def test_batched_truncated_member_rows_equal_full_forwards(fx: dict, budget: int) -> None:
-    model = reference_aogpt(torch.float64)
-    idx, order = torch.tensor(fx["idx"][1:2]), torch.tensor(fx["orders"][1:2])
-    members = torch.tensor(fx["ens_orders"])[None]
-    losses = ensemble_losses(model, idx, order, 4, member_orders=members, token_budget=budget)
-    for i in range(32):
-        for j in range(1, 4):  # member j at step i: one full forward of its order, read at step i
-            full = float(model(idx, members[:, i, j - 1])[1][0, i])
-            assert float(losses[0, i, j]) == pytest.approx(full, abs=1e-10)
-
-
-def test_random_members_are_uniform_permutations_of_the_context() -> None:
-    n = 4
-    model = tiny("aogpt", n=n, seed=5)
-    idx = torch.randint(0, 11, (1, n), generator=torch.Generator().manual_seed(6))
-    order = torch.tensor([[2, 0, 3, 1]])
-    M = 601
-    losses = ensemble_losses(model, idx, order, M, generator=torch.Generator().manual_seed(8))
-    for i in (2, 3):
-        ctx = order[0, :i].tolist()
-        options = {}
-        for perm in itertools.permutations(ctx):  # every ordering of the context, by brute force
-            options[perm] = prefix_conditional(model, idx, list(perm) + order[0, i:].tolist(), i)
-        values = np.array(list(options.values()))
-        got = losses[0, i, 1:].numpy()
-        match = np.abs(got[:, None] - values[None, :]).argmin(1)
-        assert np.abs(got - values[match]).max() < 1e-10  # each member is one of the orderings
-        counts = np.bincount(match, minlength=len(values))
-        expect = (M - 1) / len(values)
-        chi2 = ((counts - expect) ** 2 / expect).sum()
-        assert chi2 < 25  # df <= 5: p < 1e-4 if the draws were not uniform
-    assert torch.equal(losses[0, :2, 1:], losses[0, :2, :1].expand(2, M - 1))  # < 2 context tokens
-
-
-def test_position_subset_estimator_is_unbiased_by_exact_enumeration() -> None:
-    n, M, s = 6, 3, 2
-    model = tiny("sigma", n=n, seed=9)
-    idx = torch.randint(0, 11, (2, n), generator=torch.Generator().manual_seed(10))
-    order = torch.stack([torch.randperm(n, generator=torch.Generator().manual_seed(k)) for k in range(2)])
-    g = torch.Generator().manual_seed(11)
-    members = torch.empty(2, n, M - 1, n, dtype=torch.long)
-    for b in range(2):
-        for i in range(n):
-            for j in range(M - 1):
-                perm = torch.randperm(i, generator=g)
-                members[b, i, j] = torch.cat([order[b, :i][perm], order[b, i:]])
-    full_losses = ensemble_losses(model, idx, order, M, member_orders=members)
-    full = ensemble_sequence_nll(full_losses)
-    subsets = list(itertools.combinations(range(2, n), s))
-    estimates = []
-    for sub in subsets:
-        steps = torch.tensor([sub, sub])
-        part = ensemble_losses(model, idx, order, M, member_orders=members, steps=steps)
-        computed = part[:, list(sub), 1:]
-        assert torch.allclose(computed, full_losses[:, list(sub), 1:], atol=1e-12)
-        estimates.append(ensemble_sequence_nll(part, steps))
-    np.testing.assert_allclose(torch.stack(estimates).mean(0).numpy(), full.numpy(), atol=1e-10)
-    assert torch.stack(estimates).std(0).max() > 1e-4  # the estimator really varies with the subset
-
-
 def test_evaluate_with_ensemble_matches_the_per_sequence_computation() -> None:
-    model = tiny("aogpt", seed=12)
+    model = random_model("aogpt", seed=12)
     data = torch.randint(0, 11, (2, 8), generator=torch.Generator().manual_seed(13))
     res = evaluate(model, data, order="l2r", ensemble=3, num_orders=2, seed=3, batch_size=2)
     sums = []
@@ -215,20 +99,12 @@ def test_evaluate_with_ensemble_matches_the_per_sequence_computation() -> None:
 
 
 # ------------------------------------------------------------------------------------ statistics
-def test_t_quantile_matches_scipy() -> None:
-    from scipy import stats
-
-    for df in (1, 2, 3, 4, 7, 15, 30, 200):
-        assert t_quantile(0.975, df) == pytest.approx(stats.t.ppf(0.975, df), abs=1e-7)
-
-
 def test_summary_statistics() -> None:
     sums = np.array([10.0, 12.0, 11.0, 14.0])
     res = summarize(sums, tokens=4, sequences=2, order="random")
     means = sums / 4
     se = means.std(ddof=1) / 2
     assert res.nll == pytest.approx(means.mean()) and res.se == pytest.approx(se)
-    from scipy import stats
 
     half = stats.t.ppf(0.975, 3) * se
     assert res.ci95 == pytest.approx((means.mean() - half, means.mean() + half))
@@ -237,7 +113,7 @@ def test_summary_statistics() -> None:
 
 # ------------------------------------------------------------------------------------ bad input
 def test_bad_requests_are_user_errors() -> None:
-    gpt, ao = tiny("gpt"), tiny("aogpt")
+    gpt, ao = random_model("gpt"), random_model("aogpt")
     data = torch.randint(0, 11, (2, 8))
     cases = [
         (ao, data, dict(num_orders=0), "number of orders"),
@@ -276,7 +152,7 @@ def test_a_new_family_plugs_in_with_one_registry_line() -> None:
 
         def mc_bound(self, model, idx, generator):
             calls.append("mc")
-            return torch.full((idx.shape[0],), 4.0 * idx.shape[1] + torch.rand(1, generator=generator).item())
+            return torch.full((idx.shape[0],), 4.0 * idx.shape[1] + torch.rand(1, generator=generator).item()), None
 
     register(DummyFamily(name="dummy", summary="a test family", architecture={}, default_order="uniform",
                          any_order=True))
@@ -314,3 +190,65 @@ def test_encoder_kind_is_dispatched_and_exact_under_l2r() -> None:
     with pytest.raises(AOGPTError, match="ensembling"):
         evaluate(model, data, ensemble=2)
 
+
+
+# ------------------------------------------------------------------------------------ explicit orders, per sequence
+def test_explicit_orders_and_per_sequence_results_equal_separate_prefix_forwards() -> None:
+    model = random_model("aogpt", n=6, seed=4)
+    data = torch.randint(0, 11, (5, 6), generator=torch.Generator().manual_seed(8))
+    orders = torch.stack([torch.randperm(6, generator=torch.Generator().manual_seed(s)) for s in range(5)])
+    res = evaluate(model, data, order=orders, batch_size=2, per_sequence=True, num_orders=3)
+    assert res.num_orders == 1 and res.order == "given"  # explicit orders are deterministic
+    want = [sum(prefix_conditional(model, data[b:b + 1], orders[b].tolist(), i) for i in range(6)) for b in range(5)]
+    np.testing.assert_allclose(res.sequence_nlls[0], want, atol=1e-10)
+    assert res.orders[0] == orders.tolist()
+    one = evaluate(model, data, order=orders[2], per_sequence=True)  # one order for every sequence
+    for b in range(5):
+        assert one.sequence_nlls[0][b] == pytest.approx(
+            sum(prefix_conditional(model, data[b:b + 1], orders[2].tolist(), i) for i in range(6)), abs=1e-10)
+    drawn = evaluate(model, data, order="random", num_orders=2, per_sequence=True, seed=3)
+    for k in range(2):  # the orders reported are the ones scored
+        again = evaluate(model, data, order=torch.tensor(drawn.orders[k]), per_sequence=True)
+        np.testing.assert_allclose(again.sequence_nlls[0], drawn.sequence_nlls[k], atol=1e-10)
+    with pytest.raises(AOGPTError, match="permutation"):
+        evaluate(model, data, order=[0, 0, 1, 2, 3, 4])
+    with pytest.raises(AOGPTError, match="more sequences"):
+        evaluate(model, data, order=orders[:3])
+    with pytest.raises(AOGPTError, match="left to right"):
+        evaluate(random_model("gpt", n=6), data, order=orders)
+
+
+@pytest.mark.parametrize("variant", ["sigma", "aogpt"])
+def test_conditional_logprobs_equal_their_own_prefix_forward(variant: str) -> None:
+    model = random_model(variant, n=7, seed=2)
+    x = torch.randint(0, 11, (7,), generator=torch.Generator().manual_seed(5))
+    context, targets = [5, 1, 3], [0, 6, 2, 4]
+    got = conditional_logprobs(model, x, context, targets)
+    assert got.shape == (4, 11)
+    for r, t in enumerate(targets):
+        want = -prefix_conditional(model, x[None], context + [t], 3)
+        assert float(got[r, x[t]]) == pytest.approx(want, abs=1e-10)
+    torch.testing.assert_close(got.exp().sum(-1), torch.ones(4, dtype=got.dtype))
+    empty = conditional_logprobs(model, x, [], [4])  # no context: the start slot alone
+    assert float(empty[0, x[4]]) == pytest.approx(-prefix_conditional(model, x[None], [4], 0), abs=1e-10)
+    batch = conditional_logprobs(model, x.expand(2, 7), torch.tensor([context, [0, 1, 2]]), torch.tensor([[6], [3]]))
+    torch.testing.assert_close(batch[0, 0], got[1])
+
+
+def test_conditional_logprobs_for_gpt_and_the_encoder() -> None:
+    gpt = random_model("gpt", n=6, seed=1)
+    x = torch.randint(0, 11, (6,), generator=torch.Generator().manual_seed(2))
+    got = conditional_logprobs(gpt, x, [0, 1, 2], [3])
+    assert float(got[0, x[3]]) == pytest.approx(-prefix_conditional(gpt, x[None], [0, 1, 2, 3], 3), abs=1e-10)
+    with pytest.raises(AOGPTError, match="next position"):
+        conditional_logprobs(gpt, x, [0, 1, 2], [5])
+    with pytest.raises(AOGPTError, match="left to right"):
+        conditional_logprobs(gpt, x, [1, 0, 2], [3])
+    enc = random_model("encoder-mdm", n=6, seed=3)
+    got = conditional_logprobs(enc, x, [4, 0], [1, 5])
+    masked = torch.full((1, 6), -1, dtype=torch.long)
+    masked[0, [0, 4]] = x[[0, 4]]
+    want = torch.log_softmax(enc.forward_slots(masked, torch.arange(1, 7)[None])[0, [1, 5]], -1)
+    torch.testing.assert_close(got, want)
+    with pytest.raises(AOGPTError, match="positions"):
+        conditional_logprobs(enc, x, [9], [1])

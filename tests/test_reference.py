@@ -147,7 +147,7 @@ def test_top_p_rule_reproduces_reference():
 
 
 def test_context_order_ensemble_on_imported_checkpoint_reproduces_reference(imported):
-    from aogpt.evaluate import ensemble_losses, ensemble_nll
+    from aogpt.ensemble import ensemble_losses, ensemble_nll
 
     model = aogpt.load(imported["ao"]).model
     members = torch.from_numpy(EXP["ens_orders"])[None]  # (1, n, M-1, n)

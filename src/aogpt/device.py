@@ -21,3 +21,16 @@ def resolve_device(spec: str = "auto", local_rank: int | None = None) -> torch.d
         if dev.index is None and local_rank is not None:
             return torch.device("cuda", local_rank)
     return dev
+
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64, "fp64": torch.float64,
+          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
+    """A dtype from its name (``float32``/``fp32``, ``bfloat16``/``bf16``, ...); the one name table."""
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise AOGPTError(f"unknown dtype {name!r}", "use float32, float64 or bfloat16")
+    return DTYPES[name]

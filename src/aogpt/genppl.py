@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from aogpt.errors import AOGPTError
+from aogpt.functional import token_nll
 
 EOT_TEXT = "<|endoftext|>"
 
@@ -96,8 +96,7 @@ class HFEvaluator(Evaluator):
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
 
     def nll(self, idx: torch.Tensor) -> torch.Tensor:
-        logits = self.model(idx).logits[:, :-1].float()
-        return F.cross_entropy(logits.transpose(1, 2), idx[:, 1:], reduction="none")
+        return token_nll(self.model(idx).logits[:, :-1], idx[:, 1:])
 
 
 def make_evaluator(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Evaluator:

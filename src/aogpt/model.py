@@ -29,6 +29,7 @@ from torch import nn
 
 from aogpt.config import ModelConfig
 from aogpt.errors import AOGPTError
+from aogpt.functional import token_nll
 from aogpt.kv_cache import Conditions, KVCache
 
 
@@ -395,7 +396,7 @@ class Transformer(nn.Module):
                 raise AOGPTError("the encoder-only MDM reads a masked sequence, not an order", "pass mask=")
             pos = torch.arange(1, n + 1, device=idx.device).expand(B, n)
             logits = self.forward_slots(idx.masked_fill(mask, -1), pos)
-            return logits, self._token_losses(logits, idx)
+            return logits, token_nll(logits, idx)
         if mask is not None:
             raise AOGPTError(f"variant {cfg.variant} reads an order, not a mask", "pass order=")
         if order is None:
@@ -404,13 +405,7 @@ class Transformer(nn.Module):
                 (order == torch.arange(n, device=order.device)).all()):  # (a data-dependent check: eager only)
             raise AOGPTError(f"variant {cfg.variant} reads left to right only", "use order l2r")
         logits = self.forward_slots(*self.slots_for_order(idx, order, with_last_slot))
-        return logits, self._token_losses(logits[:, :n], idx.gather(1, order))
-
-    @staticmethod
-    def _token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Per-slot cross-entropy, computed in at least float32 (logits may be bf16 under autocast)."""
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
+        return logits, token_nll(logits[:, :n], idx.gather(1, order))
 
     def setup_cache(self, batch: int, capacity: int | None = None) -> KVCache:
         """A static KV cache for `batch` sequences of up to `capacity` slots (default: the context

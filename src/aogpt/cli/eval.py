@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from aogpt.cli.common import add_common, emit_json, progress
-from aogpt.device import resolve_device
+from aogpt.device import resolve_device, resolve_dtype
 from aogpt.errors import AOGPTError
 
 HELP = "evaluate a checkpoint: NLL/perplexity (l2r, any-order bound, ensembles), zero-shot suites, gen. perplexity"
@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
     from aogpt import zeroshot
 
     device = resolve_device(args.device)
-    dtype = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}[args.dtype]
+    dtype = resolve_dtype(args.dtype)
     sets = list(args.data) + (zeroshot.names(args.suite) if args.suite else [])
     wants_genppl = args.genppl is not None or args.genppl_samples is not None
     if args.genppl is not None and args.genppl_samples is not None:

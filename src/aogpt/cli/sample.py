@@ -12,6 +12,8 @@ import torch
 from aogpt.cli.common import add_common, emit_json, progress
 from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
+from aogpt.generation.settings import DecodePlan, GenerationSettings, SamplingConfig
+from aogpt.orders import make_order_sampler
 
 HELP = "sample text from a checkpoint: unconditional, continuing a prompt, or filling [MASK:k] blanks"
 
@@ -37,7 +39,8 @@ def add_parser(subparsers: Any) -> None:
                    "any-order models); count: a fixed number per step (the reference code's rule; gpt)")
     p.add_argument("--schedule", choices=("linear", "cosine"), default="linear", help="time grid (default linear)")
     p.add_argument("--order", default=None,
-                   help="unmasking order: random (default), l2r, or a comma-separated permutation of positions")
+                   help="unmasking order: random (default; = uniform), l2r, another order spec (blockwise:4, "
+                   "fixed-random:SEED, mixture:P, ...) or a comma-separated permutation of positions")
     p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature, > 0 (default 1.0)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold in (0, 1] (default 1.0: off)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: off)")
@@ -62,11 +65,13 @@ def _int_list(text: str, what: str, fix: str) -> list[int]:
 
 
 def _order(spec: str | None) -> Any:
-    if spec is None or spec in ("random", "l2r"):
-        return spec
+    """An order spec (checked here, so a typo fails before the model loads) or explicit positions."""
+    if spec is None:
+        return None
     if spec.replace(",", "").replace(" ", "").isdigit():
         return torch.tensor(_int_list(spec, "order", "list positions as 0,2,1,..."))
-    raise AOGPTError(f"unknown order {spec!r}", "use random, l2r or a comma-separated permutation like 2,0,1")
+    make_order_sampler(spec)
+    return spec
 
 
 def _known(spec: str, length: int | None) -> dict[int, int]:
@@ -108,20 +113,25 @@ class _LazyBar:
             self.bar.close()
 
 
+def settings_from_args(args: argparse.Namespace) -> GenerationSettings:
+    """The flags as one `GenerationSettings` (the object the Python API and the benchmarks use)."""
+    sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, greedy=args.greedy,
+                              dtype=torch.float32 if args.float32_sampling else torch.float64)
+    plan = DecodePlan(steps=args.steps, policy=args.policy, schedule=args.schedule, order=_order(args.order))
+    return GenerationSettings(sampling, plan, batch_size=args.batch_size, use_cache=not args.no_cache).validate()
+
+
 def run(args: argparse.Namespace) -> int:
     from aogpt.checkpoint import load
     from aogpt.generate import generate, infill
 
+    settings = settings_from_args(args)
     device = resolve_device(args.device)
     loaded = load(args.checkpoint, weights=args.weights, device=device)
     if loaded.tokenizer is None:
         raise AOGPTError(f"checkpoint {loaded.path} has no tokenizer to decode samples", "re-save it with one")
-    kwargs: dict[str, Any] = dict(
-        num_samples=args.num_samples, steps=args.steps, policy=args.policy, schedule=args.schedule,
-        order=_order(args.order), temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-        greedy=args.greedy, seed=args.seed, use_cache=not args.no_cache, batch_size=args.batch_size,
-        dtype=torch.float32 if args.float32_sampling else torch.float64, tokenizer=loaded.tokenizer,
-    )
+    kwargs: dict[str, Any] = dict(settings=settings, num_samples=args.num_samples, seed=args.seed,
+                                  tokenizer=loaded.tokenizer)
     template = args.infill if args.infill is not None else _known(args.known, args.length) if args.known else None
     n_out = args.length or loaded.config.block_size
     bar = _LazyBar(args.no_progress)

@@ -88,12 +88,20 @@ class ModelFamily:
         -log p(x[order[:, i]] | x[order[:, :i]])."""
         raise NotImplementedError
 
-    def mc_bound(self, model: nn.Module, idx: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """An unbiased estimate (B,) of the any-order bound E_sigma[-log p_sigma(x)] per sequence.
-        Default: one uniform order per sequence (drawn on the CPU from `generator`), scored exactly."""
+    def mc_bound(self, model: nn.Module, idx: torch.Tensor, generator: torch.Generator
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """An unbiased estimate (B,) of the any-order bound E_sigma[-log p_sigma(x)] per sequence, and
+        the orders it drew (None if it drew none). Default: one uniform order per sequence (drawn on
+        the CPU from `generator`), scored exactly."""
         B, n = idx.shape
         sigma = make_order_sampler("uniform").sample(B, n, "cpu", generator).to(idx.device)
-        return self.order_nll(model, idx, sigma).double().sum(1)
+        return self.order_nll(model, idx, sigma).double().sum(1), sigma
+
+    def conditional_logits(self, model: nn.Module, idx: torch.Tensor, context: torch.Tensor,
+                           targets: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T, V) for the positions `targets` (B, T), each given only the tokens of idx at
+        `context` (B, m), read in that order (`aogpt.evaluate.conditional_logprobs`)."""
+        raise NotImplementedError
 
     def validation_losses(self, model: nn.Module, idx: torch.Tensor, order: torch.Tensor
                           ) -> tuple[torch.Tensor, torch.Tensor | None]:

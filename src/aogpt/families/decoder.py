@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from aogpt.errors import AOGPTError
 from aogpt.families.base import ModelFamily
-from aogpt.generation.decoder import DecoderSampler
+from aogpt.generation.decoder import DecoderSampler, step_mask
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,22 @@ class DecoderFamily(ModelFamily):
 
     def order_nll(self, model, idx, order):
         return model(idx, order)[1]
+
+    def conditional_logits(self, model, idx, context, targets):
+        """One forward: the context slots causally, then one query slot per target holding the last
+        context token (the start token if none), each attending to the context and itself only."""
+        B, m = context.shape
+        if not self.target_position and not bool((targets == m).all()):
+            raise AOGPTError(f"variant {self.name} predicts only the next position ({m}) after a left-to-right "
+                             "context", "use an any-order model (aogpt, sigma) for other targets")
+        slot_tokens, slot_pos, slot_target = model.slots_for_order(idx, context, with_last_slot=True)
+        R = targets.shape[1]
+        tokens = torch.cat([slot_tokens[:, :m], slot_tokens[:, m:].expand(B, R)], dim=1)
+        pos = torch.cat([slot_pos[:, :m], slot_pos[:, m:].expand(B, R)], dim=1)
+        target = torch.cat([slot_target[:, :m], targets], dim=1)
+        cols = torch.arange(m + R, device=idx.device)
+        mask = step_mask(cols, m, m + R)[None, None]
+        return model.forward_slots(tokens, pos, target, attn_mask=mask, select=(m + cols[:R]).expand(B, R))
 
     def validation_losses(self, model, idx, order):
         l2r = model(idx)[1].sum()

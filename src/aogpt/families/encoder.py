@@ -29,11 +29,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from aogpt.errors import AOGPTError
 from aogpt.families.base import ModelFamily, unwrap
+from aogpt.functional import token_nll
 from aogpt.sampling import SamplingConfig, sample_tokens
 
 __all__ = ["ENCODER_MDM", "EncoderFamily", "draw_masks", "masked_diffusion_loss", "weighted_losses", "order_nll",
@@ -122,8 +122,7 @@ def order_nll(model: nn.Module, idx: torch.Tensor, order: torch.Tensor | None = 
         tokens = idx[b].masked_fill(rank[b] >= i[:, None], -1)
         target = order[b, i]
         logits = core.forward_slots(tokens, positions(len(r), n, dev), select=target[:, None])[:, 0]
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        parts.append(F.cross_entropy(logits, idx[b, target], reduction="none"))
+        parts.append(token_nll(logits, idx[b, target]))
     return torch.cat(parts).view(B, n)
 
 
@@ -275,7 +274,13 @@ class EncoderFamily(ModelFamily):
         return order_nll(model, idx, order)
 
     def mc_bound(self, model, idx, generator):
-        return mc_bound(model, idx, generator).double()
+        return mc_bound(model, idx, generator).double(), None  # masks were drawn, not orders
+
+    def conditional_logits(self, model, idx, context, targets):
+        """One bidirectional pass with every position outside the context masked."""
+        B, n = idx.shape
+        visible = torch.zeros_like(idx, dtype=torch.bool).scatter_(1, context, True)
+        return model.forward_slots(idx.masked_fill(~visible, -1), positions(B, n, idx.device), select=targets)
 
     def validation_losses(self, model, idx, order):
         return validation_losses(model, idx, order)

@@ -40,6 +40,16 @@ import torch
 from aogpt.sampling import SamplingConfig, sample_tokens
 
 
+def step_mask(cols: torch.Tensor, decided: int | torch.Tensor, span: int) -> torch.Tensor:
+    """Who a step's rows may attend to: the row at cache column `col` sees the decided columns
+    c < decided up to itself (catch-ups are causal) and itself (a query sees no other query).
+    cols (..., S), decided an int or (..., 1) -> bool (..., S, span)."""
+    a = torch.arange(span, device=cols.device)
+    col = cols[..., None]
+    decided = decided[..., None] if isinstance(decided, torch.Tensor) else decided
+    return ((a < decided) & (a <= col)) | (a == col)
+
+
 class DecoderSampler:
     """One batch of sequences decoded along fixed chain orders with a fixed per-step plan."""
 
@@ -98,10 +108,7 @@ class DecoderSampler:
         cols = ar[L:span]
         content = cols.clamp(max=g)
         tokens, pos, target = self.ychain[:, content], self.pos[:, content], self.tgt[:, cols]
-        mask = None
-        if S > 1:
-            a = ar[:span]
-            mask = (((a < g) & (a <= cols[:, None])) | (a == cols[:, None]))[None, None]
+        mask = None if S == 1 else step_mask(cols, g, span)[None, None]
         select = None if c == 0 else (c + ar[:k]).expand(B, k)
         logits = self.model.forward_slots(tokens, pos, target, attn_mask=mask, cache=self.cache, cache_pos=L,
                                           select=select, conditions=self.conditions)
@@ -127,12 +134,11 @@ class DecoderSampler:
         cols = np.minimum(L[:, None] + r, n)  # padded rows: columns not read before rewritten, or n
         span = int(cols.max()) + 1
         cols_t = torch.from_numpy(cols).to(dev)
-        g_t = torch.from_numpy(g).to(dev)[:, None, None]
-        content = torch.minimum(cols_t, g_t[:, :, 0])
+        g_t = torch.from_numpy(g).to(dev)[:, None]
+        content = torch.minimum(cols_t, g_t)
         tokens = self.ychain.gather(1, content)
         pos, target = self.pos.gather(1, content), self.tgt.gather(1, cols_t)
-        a = self.ar[:span]
-        mask = (((a < g_t) & (a <= cols_t[..., None])) | (a == cols_t[..., None]))[:, None]
+        mask = step_mask(cols_t, g_t, span)[:, None]
         j = np.arange(R)
         valid = j < k[:, None]
         select = torch.from_numpy(np.where(valid, c[:, None] + j, 0)).to(dev)
