@@ -26,17 +26,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from aogpt import shards
-from aogpt import tokenizer as tk
-from aogpt.corpora import load_corpus
-from aogpt.shards import split_pieces
+from aogpt.data import shards
+from aogpt.data import tokenizer as tk
+from aogpt.data.corpora import load_corpus
+from aogpt.data.shards import split_pieces
 
-# aogpt.data (and torch with it) is imported inside the functions: spawned tokenizer workers re-import
-# this script as their main module, and a light one keeps their start-up as cheap as under the CLI.
+# aogpt.data.prepared (and torch with it) is imported inside the functions: spawned tokenizer workers
+# re-import this script as their main module, and a light one keeps their start-up as cheap as under the CLI.
 
 
 def prepare(*args, **kw) -> dict:
-    from aogpt.data import prepare as _prepare
+    from aogpt.data.prepared import prepare as _prepare
 
     return _prepare(*args, **kw)
 

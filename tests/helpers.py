@@ -37,7 +37,7 @@ def random_checkpoint(root: Path, variant: str, *, block_size: int, scale: float
                       vocab_size: int = 320) -> Path:
     """A run directory holding one checkpoint of a small model with large random weights (the bytes
     tokenizer); its EMA weights are the raw ones times `ema_scale`."""
-    from aogpt.tokenizer import ByteTokenizer
+    from aogpt.data.tokenizer import ByteTokenizer
 
     torch.manual_seed(0)
     extra = {"target_dim": 8} if variant == "aogpt" else {}

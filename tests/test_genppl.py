@@ -12,6 +12,7 @@ import torch
 
 from aogpt.checkpoint import Loaded, save_checkpoint
 from aogpt.config import model_config, to_dict
+from aogpt.data.tokenizer import ByteTokenizer
 from aogpt.errors import AOGPTError
 from aogpt.genppl import (
     CheckpointEvaluator,
@@ -22,7 +23,6 @@ from aogpt.genppl import (
     unigram_entropy,
 )
 from aogpt.model import Transformer
-from aogpt.tokenizer import ByteTokenizer
 
 EOT = 256
 

@@ -189,7 +189,7 @@ def load(path: str | Path, weights: str = "ema", device: str | torch.device = "c
     tokenizer = None
     spec = cfg.get("tokenizer")
     if spec:
-        from aogpt.tokenizer import load_tokenizer
+        from aogpt.data.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(spec, ckpt / "tokenizer")
     return Loaded(model=model, tokenizer=tokenizer, config=mcfg, train_config=cfg.get("train", {}),

@@ -130,9 +130,9 @@ def read_samples(path: Path) -> list[str]:
             raise AOGPTError(f"{path} holds no list of sample strings", 'write ["...", ...] or {"samples": [...]}')
         samples = obj
     elif path.suffix == ".jsonl":
-        from aogpt.zeroshot import _jsonl_rows
+        from aogpt.data.zeroshot import jsonl_rows
 
-        samples = _jsonl_rows(text, str(path))
+        samples = jsonl_rows(text, str(path))
     else:
         samples = [line for line in text.splitlines() if line.strip()]
     if not samples:

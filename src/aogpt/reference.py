@@ -364,7 +364,7 @@ def _tokenizer_for(spec: str, vocab: int, directory: Path | None, warn: Callable
             )
             return None
         spec = "gpt2"
-    from aogpt.tokenizer import load_tokenizer
+    from aogpt.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(spec, directory)
     if tok.vocab_size > vocab:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import aogpt.cli
-from tests.test_corpora import fake_datasets
+from tests.data.test_corpora import fake_datasets
 
 
 @pytest.fixture(autouse=True)
@@ -107,7 +107,7 @@ def test_openwebtext_offline_is_one_line(tmp_path, cli, monkeypatch: pytest.Monk
 
 
 def test_interrupted_prepare_resumes(tmp_path, cli, monkeypatch: pytest.MonkeyPatch) -> None:
-    from aogpt import shards
+    from aogpt.data import shards
 
     docs = [{"text": f"document {i}: " + "words and more words " * (i % 9 + 1)} for i in range(1500)]
     fake_datasets(monkeypatch, {"train": docs})

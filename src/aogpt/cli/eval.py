@@ -80,7 +80,7 @@ def _same_tokenizer(loaded: Any, prepared: Any) -> None:
 def _dataset(spec: str, loaded: Any, args: argparse.Namespace, block_len: int) -> tuple[Any, int | None, dict]:
     """(a function giving the blocks or a batch iterator, number of batches, description) for one
     --data/--suite entry; the function is called once per order."""
-    from aogpt import zeroshot
+    from aogpt.data import zeroshot
 
     path = Path(spec).expanduser()
     if spec not in zeroshot.SUITES and spec not in zeroshot.STAND_INS and path.is_dir() \
@@ -123,7 +123,7 @@ def _fmt(r: dict) -> str:
 
 def table(results: list[dict], label: str) -> str:
     """A markdown table like the paper's Table 2: one row per (order, ensemble), one column per set."""
-    from aogpt.zeroshot import title
+    from aogpt.data.zeroshot import title
 
     sets = list(dict.fromkeys(r["dataset"] for r in results))
     rows = list(dict.fromkeys((r["order"], r["ensemble"]) for r in results))
@@ -197,7 +197,7 @@ def _genppl(loaded: Any, args: argparse.Namespace, device: torch.device, dtype: 
 
 
 def run(args: argparse.Namespace) -> int:
-    from aogpt import zeroshot
+    from aogpt.data import zeroshot
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype)

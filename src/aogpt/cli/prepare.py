@@ -89,7 +89,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from aogpt.data import DEFAULT_SHARD_TOKENS, default_out_dir, prepare
-    from aogpt.tokenizer import DEFAULT_TOKENIZER, normalize_spec
+    from aogpt.data.tokenizer import DEFAULT_TOKENIZER, normalize_spec
 
     spec = normalize_spec(args.tokenizer or DEFAULT_TOKENIZER)
     out = args.out or default_out_dir(args.corpus, spec)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from aogpt import tokenizer as tk
+from aogpt.data import tokenizer as tk
+from aogpt.data.tokenizer import EOT_TEXT, load_tokenizer, pad_vocab_size, train_bpe
 from aogpt.errors import AOGPTError
-from aogpt.tokenizer import EOT_TEXT, load_tokenizer, pad_vocab_size, train_bpe
 
 TRICKY = [
     "",

@@ -20,7 +20,7 @@ Decisions:
   how many ids of a document cut by the shard boundary are already written. A resumed run checks
   the settings and the finished shards' checksums, truncates open shards to their committed length,
   deletes shard files written after the last commit, restarts the corpus after the consumed
-  documents (`aogpt.corpora.Corpus.stream`) and drops the already-written ids of the cut document.
+  documents (`aogpt.data.documents.Corpus.stream`) and drops the already-written ids of the cut document.
   Resuming therefore redoes at most one shard's worth of work and gives byte-identical files.
 """
 
@@ -42,9 +42,9 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from aogpt.data.tokenizer import Tokenizer, load_tokenizer
 from aogpt.errors import AOGPTError
 from aogpt.io import read_json, write_json
-from aogpt.tokenizer import Tokenizer, load_tokenizer
 
 SPLITS = ("train", "val")
 PROGRESS_FILE = "progress.json"

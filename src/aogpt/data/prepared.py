@@ -8,7 +8,7 @@
     tokenizer.json       for bpe:N only: the tokenizer trained on the training split
 
 A split of more than ``shard_tokens`` ids (default 100 M) is written as shards instead,
-``train-00000.bin``, ``train-00001.bin``, ... (`aogpt.shards`): meta.json then lists them under
+``train-00000.bin``, ``train-00001.bin``, ... (`aogpt.data.shards`): meta.json then lists them under
 ``splits.<name>.shards`` with their token and document counts and says ``format_version: 2``.
 Corpora that fit in one shard per split keep the single-file layout and format 1, byte for byte.
 
@@ -56,10 +56,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from aogpt.corpora import load_corpus
-from aogpt.errors import AOGPTError
-from aogpt.io import ensure_writable_dir, read_json, replace_dir, write_json
-from aogpt.shards import (
+from aogpt.data.corpora import load_corpus
+from aogpt.data.shards import (
     PROGRESS_FILE,
     default_workers,
     has_progress,
@@ -68,7 +66,9 @@ from aogpt.shards import (
     split_pieces,
     write_splits,
 )
-from aogpt.tokenizer import Tokenizer, load_tokenizer, normalize_spec, parse_spec, tokenizer_info, train_bpe
+from aogpt.data.tokenizer import Tokenizer, load_tokenizer, normalize_spec, parse_spec, tokenizer_info, train_bpe
+from aogpt.errors import AOGPTError
+from aogpt.io import ensure_writable_dir, read_json, replace_dir, write_json
 
 FORMAT_VERSION = 1  # single-file splits
 SHARDED_FORMAT_VERSION = 2  # at least one split in shards
@@ -153,7 +153,7 @@ def prepare(
     `val_fraction` (default 0.05) or `val_docs` (the last N documents) apply only to corpora without
     a validation split; `workers` processes encode (None: in-process for small corpora, else one per
     CPU); `resume` is auto, require or restart (module docstring); `opts` go to
-    `aogpt.corpora.load_corpus` (``text_field``, ``txt_docs``). The returned dict adds ``seconds``
+    `aogpt.data.corpora.load_corpus` (``text_field``, ``txt_docs``). The returned dict adds ``seconds``
     and ``resumed_documents`` to what meta.json holds.
     """
     start = time.perf_counter()

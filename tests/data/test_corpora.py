@@ -10,10 +10,10 @@ import types
 
 import pytest
 
-from aogpt import corpora
-from aogpt.corpora import clean_play, clean_wikitext, load_corpus, split_documents
+from aogpt.data import corpora
+from aogpt.data.corpora import clean_play, clean_wikitext, load_corpus, split_documents
+from aogpt.data.hf_corpora import OPENWEBTEXT_VAL_DOCS, hold_back_last
 from aogpt.errors import AOGPTError
-from aogpt.hf_corpora import OPENWEBTEXT_VAL_DOCS, hold_back_last
 
 PLAY = """# A Test Play
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 from scipy import stats
 
-from aogpt import shards as shards_mod
 from aogpt.data import PreparedData, partial_dir, prepare
+from aogpt.data import shards as shards_mod
+from aogpt.data.tokenizer import ByteTokenizer, load_tokenizer
 from aogpt.errors import AOGPTError
-from aogpt.tokenizer import ByteTokenizer, load_tokenizer
-from tests.test_corpora import fake_datasets
+from tests.data.test_corpora import fake_datasets
 
 WORDS = "the of and to in a is that for it as was with be by on not he this are or his from at which".split()
 SHARD = 7919  # tokens per shard in most tests: a prime, so boundaries fall anywhere
@@ -344,7 +344,7 @@ def test_a_truncated_shard_is_reported(sharded: PreparedData, tmp_path) -> None:
 
 
 def test_a_worker_that_cannot_load_the_tokenizer_fails_cleanly(tmp_path) -> None:
-    from aogpt.tokenizer import train_bpe
+    from aogpt.data.tokenizer import train_bpe
 
     tok = train_bpe(["a small text to train on\n"] * 20, 300)  # its tokenizer.json is not in tmp_path
     source = iter([[("train", "hello")], [("train", "world")]])

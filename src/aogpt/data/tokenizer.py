@@ -24,7 +24,7 @@ Decisions:
   U+FFFD, so decoding model output never raises.
 * Models pad the vocabulary to a multiple of 64 (`padded_vocab_size`, 50257 -> 50304) for speed.
 * `encode_batch` of gpt2 uses tiktoken threads (`threads`, default up to 8); bpe uses HF's Rust
-  thread pool (``RAYON_NUM_THREADS``). Worker processes of `aogpt.shards` set both to one.
+  thread pool (``RAYON_NUM_THREADS``). Worker processes of `aogpt.data.shards` set both to one.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ Sources (`load_corpus` picks one from its first argument):
   replacement would hide a wrong encoding); a BOM is dropped and CRLF/CR become LF. Local corpora
   are read into memory.
 * Hugging Face datasets (``hf:NAME[:CONFIG]``, or the aliases ``openwebtext``,
-  ``wikitext-103-raw-v1``, ``wikitext-2-raw-v1``), streamed: see `aogpt.hf_corpora`.
+  ``wikitext-103-raw-v1``, ``wikitext-2-raw-v1``), streamed: see `aogpt.data.hf_corpora`.
 
 Validation split where the corpus defines none (`split_documents`): ``val_fraction`` of the
 documents (at least one, at most all but one), chosen by ranking document indices by a keyed
@@ -48,45 +48,19 @@ import importlib.util
 import json
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from itertools import islice
 from pathlib import Path
 
+from aogpt.data import hf_corpora
+from aogpt.data.documents import DEFAULT_VAL_FRACTION, Corpus, check_val_docs, check_val_fraction, unit_hash
 from aogpt.errors import AOGPTError
 
 NAMED = ("shakespeare", "wiki-excerpt")
 SHAKESPEARE_VAL = ("hamlet", "julius-caesar", "the-tempest")
 WIKI_FILE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
-DEFAULT_VAL_FRACTION = 0.05
 TXT_DOCS = ("file", "blank-lines")
 _CORPUS_HELP = "use shakespeare, wiki-excerpt, a .txt/.jsonl file or a directory, or hf:NAME[:CONFIG]"
-
-
-@dataclass
-class Corpus:
-    """A re-iterable stream of ``(split, text)`` documents plus what `meta.json` records about it."""
-
-    name: str
-    docs: Callable[[], Iterator[tuple[str, str]]]
-    sources: dict[str, str] = field(default_factory=dict)
-    split_rule: str = ""
-    total_chars: int | None = None  # for the progress bar; None when streamed
-    # restart after {split: documents already consumed}; None = skip by reading `docs()` (in memory)
-    resume: Callable[[dict[str, int]], Iterator[tuple[str, str]]] | None = None
-
-    def documents(self, split: str | None = None) -> Iterator[str]:
-        """The texts of one split (or all), in corpus order."""
-        return (text for s, text in self.docs() if split is None or s == split)
-
-    def stream(self, done: Mapping[str, int] | None = None) -> Iterator[tuple[str, str]]:
-        """`docs()` without its first ``sum(done.values())`` documents (``done`` counts them per split)."""
-        k = sum(done.values()) if done else 0
-        if k == 0:
-            return self.docs()
-        if self.resume is not None:
-            return self.resume(dict(done or {}))
-        return islice(self.docs(), k, None)
 
 
 def _in_memory(name: str, pairs: list[tuple[str, str]], rule: str, sources: dict[str, str]) -> Corpus:
@@ -95,24 +69,6 @@ def _in_memory(name: str, pairs: list[tuple[str, str]], rule: str, sources: dict
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _unit_hash(seed: int, index: int) -> float:
-    """A deterministic number in [0, 1) for document `index` under `seed`."""
-    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2**64
-
-
-def check_val_docs(val_docs: int) -> int:
-    if int(val_docs) < 1:
-        raise AOGPTError(f"--val-docs must be at least 1, got {val_docs}", "pass a positive number of documents")
-    return int(val_docs)
-
-
-def check_val_fraction(val_fraction: float) -> float:
-    if not 0.0 < float(val_fraction) < 1.0:
-        raise AOGPTError(f"--val-fraction must be between 0 and 1, got {val_fraction}", "pass e.g. 0.05")
-    return float(val_fraction)
 
 
 def split_documents(docs: list[str], val_fraction: float, seed: int) -> list[tuple[str, str]]:
@@ -128,7 +84,7 @@ def split_documents(docs: list[str], val_fraction: float, seed: int) -> list[tup
             raise AOGPTError("the corpus is one document too small to split", "give more text")
         return [("train", text[:cut]), ("val", text[cut:])]
     k = min(len(docs) - 1, max(1, round(len(docs) * f)))
-    val = set(sorted(range(len(docs)), key=lambda i: _unit_hash(seed, i))[:k])
+    val = set(sorted(range(len(docs)), key=lambda i: unit_hash(seed, i))[:k])
     return [("val" if i in val else "train", d) for i, d in enumerate(docs)]
 
 
@@ -361,7 +317,8 @@ def _jsonl_docs(path: Path, text: str, text_field: str) -> Iterator[str]:
             yield value
 
 
-def _file_docs(path: Path, text_field: str, txt_docs: str, sources: dict[str, str], key: str) -> Iterator[str]:
+def file_docs(path: Path, text_field: str, txt_docs: str, sources: dict[str, str], key: str) -> Iterator[str]:
+    """The documents of one local file (rules in the module docstring); records its sha256 as ``sources[key]``."""
     text, sources[key] = read_text(path)
     if path.suffix.lower() == ".jsonl":
         yield from _jsonl_docs(path, text, text_field)
@@ -371,7 +328,8 @@ def _file_docs(path: Path, text_field: str, txt_docs: str, sources: dict[str, st
         yield text
 
 
-def _local_files(root: Path) -> list[Path]:
+def local_files(root: Path) -> list[Path]:
+    """`root` itself if it is a file, else its ``*.txt``/``*.jsonl`` files (recursive, sorted, no hidden entries)."""
     if root.is_file():
         return [root]
     files = sorted(
@@ -397,10 +355,10 @@ def _local(
         raise AOGPTError(f"unknown --txt-docs {txt_docs!r}", "use file or blank-lines")
     sources: dict[str, str] = {}
     docs: list[str] = []
-    for p in _local_files(path):
+    for p in local_files(path):
         key = p.name if p == path else p.relative_to(path).as_posix()
         docs += islice(
-            _file_docs(p, text_field, txt_docs, sources, key), None if max_docs is None else max_docs - len(docs)
+            file_docs(p, text_field, txt_docs, sources, key), None if max_docs is None else max_docs - len(docs)
         )
         if max_docs is not None and len(docs) >= max_docs:
             break
@@ -439,8 +397,6 @@ def load_corpus(
         return _shakespeare(val_fraction, val_docs, max_docs)
     if corpus == "wiki-excerpt":
         return _wiki_excerpt(val_fraction, val_docs, seed, max_docs)
-    from aogpt import hf_corpora  # here: it imports this module
-
     hf = hf_corpora.parse_hf_name(corpus)
     if hf is not None:
         return hf_corpora.hf_corpus(*hf, val_fraction, val_docs, seed, max_docs, text_field)

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from aogpt import data as data_mod
-from aogpt.corpora import load_corpus
 from aogpt.data import PreparedData, default_out_dir, prepare, split_pieces, token_dtype
+from aogpt.data import prepared as data_mod
+from aogpt.data.corpora import load_corpus
+from aogpt.data.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
 from aogpt.errors import AOGPTError
-from aogpt.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
 
 # Measured once and pinned: a change in cleaning, splitting or EOT placement changes these.
 SHAKESPEARE_BYTES = {"train": (4_444_401, 35), "val": (373_948, 3)}

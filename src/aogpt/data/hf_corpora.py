@@ -6,7 +6,7 @@
 * One row = one document (its ``text_field``), except wikitext, whose one-row-per-line text is
   regrouped into articles (a `` = Title = `` row starts one). Blank rows stay in the stream as empty
   documents, so that document index = row index and a resumed run can skip rows at the source
-  (``IterableDataset.skip``); `aogpt.shards` writes nothing for them. ``max_docs`` counts rows.
+  (``IterableDataset.skip``); `aogpt.data.shards` writes nothing for them. ``max_docs`` counts rows.
 * Validation: the dataset's own ``validation``/``valid``/``val`` split when it has one. Otherwise
   ``val_docs=N`` holds out the **last N documents** of the train split, or ``val_fraction`` puts each
   document in validation by a keyed hash of ``(seed, index)``. OpenWebText has only a train split;
@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import Any
 
-from aogpt.corpora import DEFAULT_VAL_FRACTION, Corpus, _unit_hash, check_val_fraction
+from aogpt.data.documents import DEFAULT_VAL_FRACTION, Corpus, check_val_fraction, unit_hash
 from aogpt.errors import AOGPTError
 
 HF_ALIASES = {
@@ -160,7 +160,7 @@ def hf_corpus(
             yield from hold_back_last(part("train", k), val_docs)
             return
         for i, text in enumerate(part("train", k), k):
-            yield ("val" if _unit_hash(seed, i) < f else "train"), text
+            yield ("val" if unit_hash(seed, i) < f else "train"), text
 
     if val_split:
         rule = f"the dataset's {val_split} split"

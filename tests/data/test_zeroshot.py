@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from aogpt import zeroshot
+from aogpt.data import zeroshot
+from aogpt.data.tokenizer import ByteTokenizer
+from aogpt.data.zeroshot import detok_lambada, detok_lm1b, detok_ptb, detok_wikitext, load_blocks, load_examples, pack
 from aogpt.errors import AOGPTError
-from aogpt.tokenizer import ByteTokenizer
-from aogpt.zeroshot import detok_lambada, detok_lm1b, detok_ptb, detok_wikitext, load_blocks, load_examples, pack
 
-FIX = Path(__file__).parent / "fixtures" / "zeroshot"
+FIX = Path(__file__).parents[1] / "fixtures" / "zeroshot"
 
 
 @pytest.mark.parametrize("raw, want", [

@@ -11,7 +11,7 @@ lm1b           test        One Billion Words held-out shard 0 (one sentence per 
 =============  ==========  =================================================================
 
 Never a train split (the reference code scored WikiText-2 on its train split; we don't). Offline
-stand-ins, always available through `aogpt.corpora`: ``shakespeare`` (the held-out plays Hamlet,
+stand-ins, always available through `aogpt.data.corpora`: ``shakespeare`` (the held-out plays Hamlet,
 The Tempest, Julius Caesar) and ``wiki-excerpt`` (its validation articles); no detokenizer.
 
 Protocol (`pack`): detokenize each example, tokenize it with the model's tokenizer, append EOS,
@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from aogpt.data.corpora import file_docs, load_corpus, local_files
 from aogpt.errors import AOGPTError
 
 Rule = tuple[str, str, str]  # ("str" | "re", pattern, replacement), applied in order
@@ -112,7 +113,8 @@ def _stripped_rows(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
-def _jsonl_rows(text: str, where: str) -> list[str]:
+def jsonl_rows(text: str, where: str) -> list[str]:
+    """Examples of a JSONL text: one object with ``text`` or one bare string per line (`where` names it in errors)."""
     rows = []
     for k, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -203,10 +205,10 @@ def load_local(suite: Suite, data_dir: Path) -> list[str]:
         path = data_dir / rel
         if path.is_file():
             text = _read(path)
-            return _jsonl_rows(text, str(path)) if path.suffix == ".jsonl" else suite.rows(text)
+            return jsonl_rows(text, str(path)) if path.suffix == ".jsonl" else suite.rows(text)
     if (data_dir / f"{suite.name}.jsonl").is_file():
         path = data_dir / f"{suite.name}.jsonl"
-        return _jsonl_rows(_read(path), str(path))
+        return jsonl_rows(_read(path), str(path))
     if (data_dir / f"{suite.name}.txt").is_file():
         return suite.rows(_read(data_dir / f"{suite.name}.txt"))
     wanted = ", ".join((*suite.files, f"{suite.name}.jsonl", f"{suite.name}.txt"))
@@ -231,13 +233,11 @@ def load_hub(suite: Suite) -> list[str]:
 
 
 def file_examples(path: Path) -> list[str]:
-    """Every document of a local ``.txt``/``.jsonl`` file or folder, unsplit (read by `aogpt.corpora`'s
+    """Every document of a local ``.txt``/``.jsonl`` file or folder, unsplit (read by `aogpt.data.corpora`'s
     rules: a text file is one document, a JSONL line one document)."""
-    from aogpt.corpora import _file_docs, _local_files  # its reader, without the train/val split
-
     docs: list[str] = []
-    for p in _local_files(Path(path)):
-        docs += _file_docs(p, "text", "file", {}, p.name)
+    for p in local_files(Path(path)):  # the corpus reader, without the train/val split
+        docs += file_docs(p, "text", "file", {}, p.name)
     if not docs:
         raise AOGPTError(f"{path} contains no text", "give a non-empty file or folder")
     return docs
@@ -246,8 +246,6 @@ def file_examples(path: Path) -> list[str]:
 def load_examples(name: str, data_dir: Path | None = None) -> tuple[list[str], dict[str, Any]]:
     """Detokenized examples of a suite or stand-in, and where they came from."""
     if name in STAND_INS:
-        from aogpt.corpora import load_corpus
-
         corpus = load_corpus(name)
         return list(corpus.documents("val")), {"source": corpus.name, "split": "val", "detokenizer": None}
     if name not in SUITES:

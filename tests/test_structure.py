@@ -1,0 +1,200 @@
+"""Package structure: no import cycles (module-level and function-level imports alike), `aogpt.cli`
+used only by itself, and no source file over 500 lines.
+
+`import_graph` parses every module under src/aogpt with `ast` (nothing is imported) and returns its
+``aogpt.*`` import edges; `find_cycle` finds a cycle in such a graph.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = "aogpt"
+MAX_LINES = 500
+# Over the limit before the limit was checked, and being split separately; the list may only shrink.
+OVER_LIMIT = {"aogpt/reference.py", "aogpt/train.py"}
+
+
+def module_files(src: Path = SRC, package: str = PACKAGE) -> dict[str, Path]:
+    """``{dotted module name: file}`` for every ``.py`` file of `package` (a package is its ``__init__``)."""
+    out = {}
+    for path in sorted((src / package).rglob("*.py")):
+        parts = list(path.relative_to(src).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _absolute(module: str, is_package: bool, level: int, target: str | None) -> str:
+    """The absolute name that ``from <level dots><target> import ...`` in `module` refers to."""
+    if level == 0:
+        return target or ""
+    base = module.split(".")
+    if not is_package:
+        base.pop()
+    if level > 1:
+        base = base[: len(base) - (level - 1)]
+    return ".".join([*base, target] if target else base)
+
+
+def import_graph(src: Path = SRC, package: str = PACKAGE) -> dict[str, set[str]]:
+    """``{module: modules of `package` it imports}``, counting every import statement wherever it is
+    (module level, inside functions, under ``if TYPE_CHECKING``).
+
+    ``from a.b import c`` is an edge to ``a.b.c`` when that is a module, else to ``a.b``; an edge to a
+    package means its ``__init__``. An import of a module outside `package` adds no edge, and importing
+    ``a.b.c`` is not counted as importing ``a`` and ``a.b`` (Python runs their ``__init__`` first, but
+    a package importing its own submodules would otherwise always be a cycle).
+    """
+    files = module_files(src, package)
+    graph: dict[str, set[str]] = {name: set() for name in files}
+
+    def known(name: str) -> str | None:
+        while name and name not in files:  # ``import aogpt.x.y`` of a name that is not a module file
+            name = name.rpartition(".")[0]
+        return name or None
+
+    for module, path in files.items():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(module, is_package, node.level, node.module)
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    targets.append(sub if sub in files else base)
+            for target in targets:
+                if in_package(target, package):
+                    name = known(target)
+                    if name is not None and name != module:
+                        graph[module].add(name)
+    return graph
+
+
+def in_package(name: str, package: str) -> bool:
+    """`name` is `package` or one of its submodules."""
+    return name == package or name.startswith(package + ".")
+
+
+def find_cycle(graph: dict[str, set[str]], within: str | None = None) -> list[str] | None:
+    """One import cycle as ``[a, b, ..., a]``, or None; `within` restricts the graph to that package."""
+
+    def inside(name: str) -> bool:
+        return within is None or in_package(name, within)
+
+    state: dict[str, int] = {}  # 1: on the current path, 2: finished
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if not inside(nxt):
+                continue
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if inside(node) and node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_graph_helper_sees_lazy_relative_and_submodule_imports(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from pkg.sub import b\n")
+    (pkg / "sub" / "__init__.py").write_text("from . import helper\nfrom .. import a\n")
+    (pkg / "sub" / "b.py").write_text("import os\nfrom pkg.sub.helper import x\n")
+    (pkg / "sub" / "helper.py").write_text("from ..sub import b\nfrom pkg import nothing_here\nimport pkg.a.attr\n")
+    graph = import_graph(tmp_path, "pkg")
+    assert graph == {
+        "pkg": set(),
+        "pkg.a": {"pkg.sub.b"},
+        "pkg.sub": {"pkg.sub.helper", "pkg.a"},
+        "pkg.sub.b": {"pkg.sub.helper"},
+        "pkg.sub.helper": {"pkg.sub.b", "pkg", "pkg.a"},
+    }
+    assert find_cycle(graph) == ["pkg.a", "pkg.sub.b", "pkg.sub.helper", "pkg.a"]
+    assert find_cycle(graph, within="pkg.sub") == ["pkg.sub.helper", "pkg.sub.b", "pkg.sub.helper"]
+    assert find_cycle(graph, within="pkg.a") is None
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="cli/train.py <-> cli/train_setup.py and generate.py <-> encoder.py are being untangled separately",
+)
+def test_no_import_cycles() -> None:
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_no_import_cycles_in_data() -> None:
+    graph = import_graph()
+    assert "aogpt.data.corpora" in graph  # the helper found the subpackage
+    cycle = find_cycle(graph, within="aogpt.data")
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_data_depends_on_no_other_layer_above_it() -> None:
+    """aogpt.data uses only itself and the leaf helpers (errors, io), never models, training or the CLI."""
+    graph = import_graph()
+    allowed = {"aogpt.errors", "aogpt.io"}
+    wrong = {
+        (module, target)
+        for module, targets in graph.items()
+        if in_package(module, "aogpt.data")
+        for target in targets
+        if not in_package(target, "aogpt.data") and target not in allowed
+    }
+    assert not wrong
+
+
+def test_data_package_import_is_light() -> None:
+    """Spawned tokenizer workers import aogpt.data.shards: the package's re-exports must not pull in torch."""
+    code = "import sys, aogpt.data.shards, aogpt.data.corpora; sys.exit('torch' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
+    assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
+
+
+@pytest.mark.xfail(strict=False, reason="train.py still imports aogpt.cli.common (being moved separately)")
+def test_only_the_cli_imports_the_cli() -> None:
+    graph = import_graph()
+    wrong = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if not in_package(module, "aogpt.cli") and module != "aogpt.__main__"  # python -m aogpt runs the CLI
+        for target in targets
+        if in_package(target, "aogpt.cli")
+    )
+    assert not wrong, "modules outside aogpt.cli import it: " + ", ".join(wrong)
+
+
+def test_source_files_are_at_most_500_lines() -> None:
+    long = {
+        rel: n
+        for path in module_files().values()
+        if (rel := path.relative_to(SRC).as_posix()) not in OVER_LIMIT
+        and (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, f"over {MAX_LINES} lines: {long}"
