@@ -19,7 +19,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "aogpt"
 MAX_LINES = 500
 # Over the limit before the limit was checked, and being split separately; the list may only shrink.
-OVER_LIMIT = {"aogpt/reference.py", "aogpt/train.py"}
+OVER_LIMIT = {"aogpt/train.py"}
 
 
 def module_files(src: Path = SRC, package: str = PACKAGE) -> dict[str, Path]:

@@ -14,19 +14,14 @@ config builds, naming each mismatch. ``shadow_params`` (the EMA weights) is an u
 ``parameters()`` order: one entry per *distinct* parameter, so sigma-GPT's tied head appears once,
 at the ``wte`` position.
 
-`read_reference` parses a file; `load_reference` gives a ready model; `import_reference` writes one
-of our checkpoint directories; `export_reference` writes our checkpoints back in the reference format
-(``import(export(x)) == x`` tensor for tensor). docs/checkpoints.md describes the commands.
+`read_reference` parses a file; `load_reference` gives a ready model (`aogpt.reference.convert`
+writes our checkpoints from them and back). docs/checkpoints.md describes the commands.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
-import os
 import pickle
 import re
-import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,11 +30,9 @@ from typing import Any
 
 import torch
 
-from aogpt.checkpoint import FORMAT, find_checkpoint, read_config, read_weights, save_checkpoint, weights_of
-from aogpt.config import ModelConfig, model_config, model_config_from_dict, to_dict
+from aogpt.config import ModelConfig, model_config
 from aogpt.errors import AOGPTError
 from aogpt.families import family
-from aogpt.io import atomic_write_bytes, ensure_writable_dir
 from aogpt.model import Transformer
 
 COMPILED_PREFIX = "_orig_mod."  # torch.compile'd models save their keys under this prefix
@@ -79,7 +72,7 @@ class ReferenceCheckpoint:
         return state
 
 
-def _check_weights(which: str, choices: tuple[str, ...]) -> None:
+def check_weights(which: str, choices: tuple[str, ...]) -> None:
     if which not in choices:
         raise AOGPTError(f"unknown weights {which!r}", f"choose one of: {', '.join(choices)}")
 
@@ -215,7 +208,7 @@ def reference_incompatibilities(cfg: ModelConfig) -> list[str]:
     return [f"{k}={getattr(cfg, k)!r} (the reference uses {v!r})" for k, v in expected.items() if getattr(cfg, k) != v]
 
 
-def _meta_model(cfg: ModelConfig) -> Transformer:
+def meta_model(cfg: ModelConfig) -> Transformer:
     """The model's structure without allocating its weights."""
     with torch.device("meta"):
         return Transformer(cfg)
@@ -223,7 +216,7 @@ def _meta_model(cfg: ModelConfig) -> Transformer:
 
 def check_state(state: dict[str, torch.Tensor], cfg: ModelConfig, where: str) -> None:
     """Compare every key and shape with the model `cfg` builds; raise naming each mismatch."""
-    expected = {k: tuple(v.shape) for k, v in _meta_model(cfg).state_dict().items()}
+    expected = {k: tuple(v.shape) for k, v in meta_model(cfg).state_dict().items()}
     optional = {"lm_head.weight"} if cfg.tie_head else set()
     problems = {
         "missing": [k for k in expected if k not in state and k not in optional],
@@ -252,7 +245,7 @@ def check_state(state: dict[str, torch.Tensor], cfg: ModelConfig, where: str) ->
 
 def parameter_names(cfg: ModelConfig) -> list[str]:
     """Names of the distinct parameters in `parameters()` order: the order of ``shadow_params``."""
-    return [name for name, _ in _meta_model(cfg).named_parameters()]
+    return [name for name, _ in meta_model(cfg).named_parameters()]
 
 
 def _read_ema(entry: Any, cfg: ModelConfig, path: Path) -> tuple[dict[str, torch.Tensor], float | None, int | None]:
@@ -260,7 +253,7 @@ def _read_ema(entry: Any, cfg: ModelConfig, path: Path) -> tuple[dict[str, torch
     shadow = entry.get("shadow_params") if isinstance(entry, dict) else None
     if not isinstance(shadow, list | tuple) or not all(isinstance(t, torch.Tensor) for t in shadow):
         raise AOGPTError(f"{path}: ema_model has no shadow_params list of tensors", "pass --weights raw")
-    shapes = {k: tuple(p.shape) for k, p in _meta_model(cfg).named_parameters()}
+    shapes = {k: tuple(p.shape) for k, p in meta_model(cfg).named_parameters()}
     if len(shadow) != len(shapes):
         raise AOGPTError(
             f"{path}: ema_model.shadow_params holds {len(shadow)} tensors, but "
@@ -280,12 +273,12 @@ def _read_ema(entry: Any, cfg: ModelConfig, path: Path) -> tuple[dict[str, torch
     return ema, decay, updates if isinstance(updates, int) else None
 
 
-def _plain(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
     """JSON-safe copy of informational metadata: tensors and other objects are dropped."""
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items() if _is_plain(v)}
+        return {str(k): plain_value(v) for k, v in value.items() if _is_plain(v)}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value if _is_plain(v)]
+        return [plain_value(v) for v in value if _is_plain(v)]
     return value
 
 
@@ -330,13 +323,13 @@ def read_reference(path: str | Path, need_ema: bool = False) -> ReferenceCheckpo
         ema_decay=decay,
         ema_num_updates=updates,
         iter_num=iter_num if isinstance(iter_num, int) else 0,
-        model_args=_plain(args),
-        extra_config=_plain(extra) if isinstance(extra, dict) else {},
+        model_args=plain_value(args),
+        extra_config=plain_value(extra) if isinstance(extra, dict) else {},
         ignored_keys=ignored,
     )
 
 
-def _build(ref: ReferenceCheckpoint, which: str, dtype: torch.dtype = torch.float32) -> Transformer:
+def build_model(ref: ReferenceCheckpoint, which: str, dtype: torch.dtype = torch.float32) -> Transformer:
     model = Transformer(ref.config)
     model.load_state_dict(ref.weights(which), strict=True)
     return model.to(dtype=dtype).eval()
@@ -346,181 +339,6 @@ def load_reference(
     path: str | Path, weights: str = "ema", dtype: torch.dtype = torch.float32
 ) -> tuple[Transformer, ModelConfig]:
     """A reference checkpoint as a ready model (eval mode) and its config; EMA weights by default."""
-    _check_weights(weights, ("ema", "raw"))
+    check_weights(weights, ("ema", "raw"))
     ref = read_reference(path, need_ema=weights == "ema")
-    return _build(ref, weights, dtype), ref.config
-
-
-# ---------------------------------------------------------------------------------------------- import
-def _tokenizer_for(spec: str, vocab: int, directory: Path | None, warn: Callable[[str], None]) -> Any:
-    """The tokenizer to store with an import (None: none recorded). "auto": gpt2 for GPT-2 vocabs."""
-    if spec == "none":
-        return None
-    if spec == "auto":
-        if vocab not in GPT2_VOCABS:
-            warn(
-                f"the model's vocabulary ({vocab}) is not GPT-2's, so no tokenizer is recorded; "
-                "pass --tokenizer SPEC to record one (without it, text cannot be encoded or decoded)"
-            )
-            return None
-        spec = "gpt2"
-    from aogpt.data.tokenizer import load_tokenizer
-
-    tok = load_tokenizer(spec, directory)
-    if tok.vocab_size > vocab:
-        raise AOGPTError(
-            f"tokenizer {spec} has {tok.vocab_size} ids but the model only {vocab}",
-            "pass the tokenizer the model was trained with, or --tokenizer none",
-        )
-    return tok
-
-
-def _check_out_dir(out: Path, overwrite: bool) -> None:
-    """Refuse to replace anything but an existing aogpt checkpoint (or an empty directory)."""
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
-        return
-    if not overwrite:
-        raise AOGPTError(f"{out} already exists", "choose another --out or pass --overwrite")
-    if not (out / "config.json").is_file() or not (out / "model.safetensors").is_file():
-        raise AOGPTError(
-            f"{out} exists and is not an aogpt checkpoint (--overwrite only replaces checkpoints)",
-            "choose another --out",
-        )
-
-
-def import_reference(
-    path: str | Path,
-    out: str | Path,
-    weights: str = "ema",
-    tokenizer: str = "auto",
-    tokenizer_dir: str | Path | None = None,
-    overwrite: bool = False,
-    warn: Callable[[str], None] | None = None,
-    stage: Stage | None = None,
-) -> dict[str, Any]:
-    """Convert a reference checkpoint into our checkpoint directory `out`; returns a summary.
-
-    weights="ema": raw and EMA weights are both stored (`aogpt.load` uses the EMA, ``weights="raw"``
-    the raw ones); "raw": only the raw weights are stored (the file may lack an EMA). `stage` is
-    told when each step (read, hash, build, write) starts, for a progress display.
-    """
-    _check_weights(weights, ("ema", "raw"))
-    path, out, stage = Path(path), Path(out), stage or (lambda name: None)
-    warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
-    _check_out_dir(out, overwrite)
-    stage("read")
-    ref = read_reference(path, need_ema=weights == "ema")
-    tok = _tokenizer_for(tokenizer, ref.config.vocab_size, Path(tokenizer_dir) if tokenizer_dir else None, warn)
-    stage("hash")
-    with open(path, "rb") as f:
-        digest = hashlib.file_digest(f, "sha256").hexdigest()
-    stage("build")
-    model = _build(ref, "raw")
-    arch = ARCH_NAMES[ref.variant]
-    source = dict(
-        format="reference",
-        file=str(path.resolve()),
-        sha256=digest,
-        architecture=arch,
-        weights=weights,
-        ema_decay=ref.ema_decay,
-        ema_num_updates=ref.ema_num_updates,
-        model_args=ref.model_args,
-        ignored_keys=ref.ignored_keys,
-        config=ref.extra_config,
-    )
-    spec = tok.spec if tok is not None else None
-    config = {"model": to_dict(ref.config), "tokenizer": spec, "step": ref.iter_num, "source": source}
-    stage("write")
-    ema = {k: v.float() for k, v in ref.ema.items()} if weights == "ema" else None  # float32, as the raw weights
-    save_checkpoint(out, model, config=config, ema=ema, tokenizer=tok)
-    return dict(
-        out=str(out),
-        variant=ref.variant,
-        architecture=arch,
-        params=model.num_params(),
-        weights=weights,
-        ema_stored=weights == "ema",
-        step=ref.iter_num,
-        tokenizer=spec,
-        sha256=digest,
-        ignored_keys=ref.ignored_keys,
-    )
-
-
-# ---------------------------------------------------------------------------------------------- export
-def export_reference(
-    run: str | Path, out: str | Path, weights: str = "both", overwrite: bool = False
-) -> dict[str, Any]:
-    """Write our checkpoint (a ckpt-* directory or a run's newest) as a reference ``.pt`` file.
-
-    weights="both": ``model`` = raw weights and ``ema_model`` = the EMA (needs one); "raw": ``model``
-    only; "ema": the EMA weights as ``model`` (for tools that read nothing else), no ``ema_model``.
-    """
-    _check_weights(weights, ("both", "raw", "ema"))
-    out = Path(out)
-    if out.is_dir() or (out.exists() and not overwrite):
-        raise AOGPTError(f"{out} already exists", "choose another --out" + ("" if out.is_dir() else " or --overwrite"))
-    ckpt = find_checkpoint(Path(run))
-    meta = read_config(ckpt)
-    cfg = model_config_from_dict(meta["model"])
-    if why := reference_incompatibilities(cfg):
-        raise AOGPTError(
-            f"{ckpt} is not a reference architecture: {'; '.join(why)}",
-            "only aogpt and sigma models with the paper's architecture can be exported",
-        )
-    tensors = read_weights(ckpt)
-    raw, ema = weights_of(tensors, "raw"), weights_of(tensors, "ema")
-    names = parameter_names(cfg)
-    if weights != "raw" and (lost := [n for n in names if n not in ema]):
-        what = "no EMA weights" if not ema else f"EMA weights without {', '.join(lost[:5])}"
-        raise AOGPTError(f"{ckpt} holds {what}", "pass --weights raw")
-    chosen = {**raw, **ema} if weights == "ema" else raw
-    state = {}
-    for key in _meta_model(cfg).state_dict():  # the reference lists the tied head too (sharing wte's storage)
-        if key == "lm_head.weight" and cfg.tie_head:
-            state[key] = state["transformer.wte.weight"]
-        elif key in chosen:
-            state[key] = chosen[key]
-        else:
-            raise AOGPTError(f"{ckpt}: its weights lack {key}", "the checkpoint is corrupted")
-    train, src, step = meta.get("train") or {}, meta.get("source") or {}, int(meta.get("step", 0))
-    # `config` (the training script's globals, informational): the original file's after an import, else ours.
-    extra = dict(src["config"]) if isinstance(src.get("config"), dict) else _plain({**train, "model": meta["model"]})
-    extra["exported_by"] = f"aogpt ({FORMAT})"
-    args = {k: getattr(cfg, k) for k in MODEL_ARGS}
-    args["dropout"] = (src.get("model_args") or {}).get("dropout", cfg.dropout)  # the training dropout, if known
-    obj: dict[str, Any] = {
-        "model": state,
-        "model_args": args,
-        "iter_num": step,
-        "config": extra,
-    }
-    if weights == "both":
-        decay = float(src.get("ema_decay") or train.get("ema_decay") or PAPER_EMA_DECAY)
-        updates = src.get("ema_num_updates")
-        shadow = [ema[n] for n in names]
-        obj["ema_model"] = {
-            "decay": decay,
-            "num_updates": step if updates is None else updates,
-            "shadow_params": shadow,
-        }
-        obj["ema_rate"] = decay
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    ensure_writable_dir(out.parent)
-    atomic_write_bytes(out, buf.getvalue())
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(out, 0o666 & ~umask)  # atomic_write_bytes' temporary file is created 0600
-    return dict(
-        out=str(out),
-        checkpoint=str(ckpt),
-        variant=cfg.variant,
-        architecture=ARCH_NAMES[cfg.variant],
-        weights=weights,
-        keys=len(state),
-        shadow_params=len(names) if weights == "both" else 0,
-        step=step,
-        bytes=buf.tell(),
-    )
+    return build_model(ref, weights, dtype), ref.config
