@@ -1,8 +1,40 @@
-"""aogpt: any-order GPT (decoder-only masked diffusion) with AR, sigma-GPT and encoder-MDM baselines."""
+"""aogpt: any-order GPT (decoder-only masked diffusion) with AR, sigma-GPT and encoder-MDM baselines.
+
+The public API, imported on first use (so ``import aogpt`` stays light):
+
+    aogpt.Transformer, aogpt.ModelConfig, aogpt.model_config   the model and its config
+    aogpt.load(path), aogpt.save(model, path)                  checkpoints (EMA weights by default)
+    aogpt.generate(model, ...), aogpt.infill(model, tmpl, ...) sampling, with GenerationSettings
+    aogpt.evaluate(model, data, order=...)                     exact NLLs, any-order bounds, ensembles
+    aogpt.conditional_logprobs(model, x, context, targets)     log p(x_t | a context read in this order)
+    aogpt.family_of(model)                                     what a model is and can do
+    aogpt.make_order_sampler(spec)                             the order vocabulary
+
+`aogpt.generate` and `aogpt.evaluate` are modules that can be called like their main function.
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "Transformer": "aogpt.model",
+    "ModelConfig": "aogpt.config",
+    "model_config": "aogpt.config",
+    "save": "aogpt.checkpoint",
+    "infill": "aogpt.generate",
+    "GenerationSettings": "aogpt.generation.settings",
+    "DecodePlan": "aogpt.generation.settings",
+    "SamplingConfig": "aogpt.sampling",
+    "conditional_logprobs": "aogpt.evaluate",
+    "family_of": "aogpt.families",
+    "make_order_sampler": "aogpt.orders",
+    "AOGPTError": "aogpt.errors",
+}
+_CALLABLE_MODULES = ("generate", "evaluate")
 
 
 def load(path, weights: str = "ema", device="cpu", dtype=None):
@@ -17,4 +49,12 @@ def load(path, weights: str = "ema", device="cpu", dtype=None):
     return _load(path, weights=weights, device=device, dtype=dtype or torch.float32)
 
 
-__all__ = ["load", "__version__"]
+def __getattr__(name: str) -> Any:
+    if name in _CALLABLE_MODULES:
+        return importlib.import_module(f"aogpt.{name}")  # the module, callable as its function
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'aogpt' has no attribute {name!r}")
+
+
+__all__ = ["load", "__version__", *_EXPORTS, *_CALLABLE_MODULES]

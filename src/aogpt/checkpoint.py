@@ -25,8 +25,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from aogpt.config import ModelConfig, model_config_from_dict
+from aogpt.config import ModelConfig, model_config_from_dict, to_dict
 from aogpt.errors import AOGPTError
+from aogpt.families import unwrap
 from aogpt.io import atomic_dir, read_json, write_json
 from aogpt.model import Transformer
 
@@ -165,6 +166,24 @@ class Loaded:
         return infill(self.model, template, tokenizer=self.tokenizer, **kwargs)
 
 
+def save(model: torch.nn.Module, path: str | Path, *, tokenizer: Any = None,
+         ema: torch.nn.Module | dict[str, torch.Tensor] | None = None, step: int = 0,
+         extra: dict[str, Any] | None = None) -> Path:
+    """Write an in-memory model as a checkpoint directory that `load` reads (atomically).
+
+    tokenizer: saved beside the weights (so `load(...).generate` returns text). ema: EMA weights (a
+    model or a state dict); without them the checkpoint records that it has none, and `load`'s
+    default (EMA weights) reads the model's own. extra: more JSON-friendly fields for config.json.
+    """
+    core = unwrap(model)
+    if getattr(core, "config", None) is None or not hasattr(core, "forward_slots"):
+        raise AOGPTError(f"{type(model).__name__} is not an aogpt model", "save an aogpt Transformer")
+    ema_state = None if ema is None else unique_state(unwrap(ema)) if isinstance(ema, torch.nn.Module) else dict(ema)
+    config = {**(extra or {}), "model": to_dict(core.config), "step": int(step), "has_ema": ema is not None,
+              "tokenizer": getattr(tokenizer, "spec", None)}
+    return save_checkpoint(Path(path), core, config=config, ema=ema_state, tokenizer=tokenizer)
+
+
 def load(path: str | Path, weights: str = "ema", device: str | torch.device = "cpu",
          dtype: torch.dtype = torch.float32) -> Loaded:
     """Load a checkpoint (or a run's newest one) for evaluation and generation.
@@ -178,6 +197,8 @@ def load(path: str | Path, weights: str = "ema", device: str | torch.device = "c
     cfg = read_config(ckpt)
     mcfg = model_config_from_dict(cfg["model"])
     tensors = read_weights(ckpt)
+    if weights == "ema" and cfg.get("has_ema") is False:  # saved without EMA on purpose (`save`)
+        weights = "raw"
     state = weights_of(tensors, weights)
     if not state:
         raise AOGPTError(f"{ckpt} holds no {weights} weights", "pass --weights raw" if weights == "ema" else "")

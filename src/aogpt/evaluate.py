@@ -13,6 +13,8 @@ and context-order ensembling (paper Eq. 4).
   ``per_sequence=True`` keeps every sequence's NLL and the orders drawn (`EvalResult`).
 * `conditional_logprobs`: log p(x_t | a context read in a given order) for any targets t.
 
+This module is also callable: ``aogpt.evaluate(model, data, ...)`` is ``aogpt.evaluate.evaluate(...)``.
+
 How a model is scored (the exact NLL under an order, the any-order bound, whether ensembles are
 defined) comes from its family (`aogpt.families`): decoders score an order in one causal pass, the
 encoder-only MDM in n passes, with its own one-forward Monte-Carlo bound.
@@ -22,7 +24,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+import sys
 import time
+import types
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -269,3 +273,14 @@ def conditional_logprobs(model: nn.Module, tokens: torch.Tensor | list[int], con
         core.train(was_training)
     out = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
     return out[0] if single else out
+
+
+class _CallableModule(types.ModuleType):
+    """Lets ``aogpt.evaluate(model, data, ...)`` call `evaluate` while ``from aogpt.evaluate import
+    evaluate`` keeps working."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> EvalResult:
+        return evaluate(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
