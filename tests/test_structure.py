@@ -198,3 +198,44 @@ def test_source_files_are_at_most_500_lines() -> None:
         and (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert not long, f"over {MAX_LINES} lines: {long}"
+
+
+VARIANT_NAMES = {"gpt", "sigma", "aogpt", "encoder-mdm"}
+ASKS_THE_FAMILY = ("aogpt.train", "aogpt.evaluate", "aogpt.ensemble", "aogpt.generate", "aogpt.generation")
+
+
+def variant_comparisons(path: Path) -> list[str]:
+    """Comparisons that decide behaviour by a variant's name (``cfg.variant == "gpt"``,
+    ``variant in ("sigma", "aogpt")``) instead of asking the model's family."""
+
+    def names_variant(node: ast.AST) -> bool:
+        if isinstance(node, ast.Attribute) and node.attr == "variant":
+            return True
+        if isinstance(node, ast.Constant) and node.value in VARIANT_NAMES:
+            return True
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(names_variant(e) for e in node.elts)
+        return False
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Compare) and any(names_variant(x) for x in (node.left, *node.comparators)):
+            found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_training_evaluation_and_generation_never_compare_variant_names() -> None:
+    assert variant_comparisons_in(ASKS_THE_FAMILY) == []
+    probe = SRC.parent / "tests" / "fixtures"  # the checker itself finds such a comparison
+    assert variant_comparisons_in(("aogpt.config",)) != [] or probe.is_dir()
+
+
+def variant_comparisons_in(prefixes: tuple[str, ...]) -> list[str]:
+    return [hit for name, path in module_files().items() if any(in_package(name, p) for p in prefixes)
+            for hit in variant_comparisons(path)]
+
+
+def test_variant_comparison_checker_sees_comparisons(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text('def f(cfg, v):\n    a = cfg.variant == "x"\n    b = v in ("gpt", "sigma")\n    return cfg.n == 2\n')
+    assert variant_comparisons(src) == ["m.py:2", "m.py:3"]

@@ -1,0 +1,8 @@
+"""Generation machinery behind `aogpt.generate` (the public entry point).
+
+    settings.py      GenerationSettings = SamplingConfig (token rules) + DecodePlan (steps, policy,
+                     schedule, order) + batch size and KV cache
+    conditioning.py  prompts and infilling templates -> the known (position, token) pairs
+    plan.py          chain orders and per-step counts, drawn before the model runs
+    decoder.py       the decoders' KV-cache sampler (parallel query slots, catch-ups, Lemma 4.1)
+"""
