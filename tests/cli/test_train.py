@@ -140,7 +140,7 @@ def test_changing_the_model_on_resume_is_refused(cli, tiny_run):
 
 
 def test_nan_loss_exits_2_naming_the_step(cli, bytes_data, tmp_path, monkeypatch):
-    import aogpt.train as train_mod
+    import aogpt.train.trainer as train_mod
 
     real = train_mod.training_loss
     calls = {"n": 0}

@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from aogpt import distributed
 from aogpt.checkpoint import find_checkpoint, list_checkpoints, read_config
 from aogpt.config import (
     ModelConfig,
@@ -27,6 +26,7 @@ from aogpt.config import (
 )
 from aogpt.errors import AOGPTError
 from aogpt.io import ensure_writable_dir, write_json
+from aogpt.train import distributed
 
 TRAIN_ONLY_ON_RESUME = {
     "max_steps",

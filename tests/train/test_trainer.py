@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-import aogpt.train as train_mod
+import aogpt.train.trainer as train_mod
 from aogpt.checkpoint import list_checkpoints
 from aogpt.config import model_config, train_config
 from aogpt.train import NonFiniteLoss, RandomTokens, Trainer, lr_at

@@ -25,7 +25,6 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from aogpt import distributed
 from aogpt.checkpoint import (
     checkpoint_name,
     find_checkpoint,
@@ -38,12 +37,13 @@ from aogpt.checkpoint import (
 )
 from aogpt.config import ModelConfig, TrainConfig, to_dict
 from aogpt.device import resolve_device
-from aogpt.ema import EMA
 from aogpt.errors import AOGPTError
 from aogpt.families import family, family_of
 from aogpt.model import Transformer
 from aogpt.orders import make_order_sampler
 from aogpt.plots import plot_loss_curves
+from aogpt.train import distributed
+from aogpt.train.ema import EMA
 
 
 class BatchSource(Protocol):
