@@ -140,9 +140,9 @@ def test_changing_the_model_on_resume_is_refused(cli, tiny_run):
 
 
 def test_nan_loss_exits_2_naming_the_step(cli, bytes_data, tmp_path, monkeypatch):
-    import aogpt.train as train_mod
+    import aogpt.train.step as step_mod
 
-    real = train_mod.training_loss
+    real = step_mod.training_loss
     calls = {"n": 0}
 
     def poisoned(*a):
@@ -150,6 +150,6 @@ def test_nan_loss_exits_2_naming_the_step(cli, bytes_data, tmp_path, monkeypatch
         loss = real(*a)
         return loss * float("nan") if calls["n"] >= 3 else loss
 
-    monkeypatch.setattr(train_mod, "training_loss", poisoned)
+    monkeypatch.setattr(step_mod, "training_loss", poisoned)  # where the optimizer step looks it up
     one_line_error(cli("train", "--preset", "tiny", "--data", bytes_data, "--out", tmp_path / "r", "--max-steps", "5",
                        "--no-progress"), "at step 3")

@@ -1,4 +1,4 @@
-"""Helpers shared by the subcommands: common flags, JSON summary, progress bars."""
+"""Helpers shared by the subcommands: common flags, JSON summary, progress (from `aogpt.progress`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from tqdm.auto import tqdm
+from aogpt.progress import progress
 
 
 def add_common(parser: argparse.ArgumentParser, seed: bool = True) -> None:
@@ -22,8 +22,4 @@ def emit_json(summary: dict[str, Any]) -> None:
     print(json.dumps(summary, default=float), flush=True)
 
 
-def progress(total: int | None = None, desc: str = "", disable: bool = False, **kw: Any) -> tqdm:
-    """A progress bar on stderr (never on stdout, which carries results and --json); shown only when
-    stderr is a terminal, so logs and pipes are not flooded with redraws."""
-    disable = disable or not sys.stderr.isatty()
-    return tqdm(total=total, desc=desc, disable=disable, file=sys.stderr, dynamic_ncols=True, leave=False, **kw)
+__all__ = ["add_common", "emit_json", "progress"]

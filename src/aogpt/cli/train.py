@@ -8,27 +8,6 @@ from typing import Any
 
 from aogpt.cli.common import add_common, emit_json
 
-FLAG_FIELDS = {  # flag dest -> (section, field)
-    "max_steps": ("train", "max_steps"),
-    "max_minutes": ("train", "max_minutes"),
-    "seed": ("train", "seed"),
-    "order": ("train", "order"),
-    "batch_size": ("train", "batch_size"),
-    "grad_accum": ("train", "grad_accum"),
-    "global_batch_tokens": ("train", "global_batch_tokens"),
-    "lr": ("train", "lr"),
-    "eval_interval": ("train", "eval_interval"),
-    "ckpt_interval": ("train", "ckpt_interval"),
-    "ema_decay": ("train", "ema_decay"),
-    "device": ("train", "device"),
-    "dtype": ("train", "dtype"),
-    "compile": ("train", "compile"),
-    "fsdp": ("train", "fsdp"),
-    "init_from": ("train", "init_from"),
-    "keep_last": ("train", "keep_last"),
-    "block_size": ("model", "block_size"),
-}
-
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(

@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from aogpt import distributed
 from aogpt.checkpoint import find_checkpoint, list_checkpoints, read_config
 from aogpt.config import (
     ModelConfig,
@@ -27,6 +26,28 @@ from aogpt.config import (
 )
 from aogpt.errors import AOGPTError
 from aogpt.io import ensure_writable_dir, write_json
+from aogpt.train import distributed
+
+FLAG_FIELDS = {  # flag dest -> (section, field)
+    "max_steps": ("train", "max_steps"),
+    "max_minutes": ("train", "max_minutes"),
+    "seed": ("train", "seed"),
+    "order": ("train", "order"),
+    "batch_size": ("train", "batch_size"),
+    "grad_accum": ("train", "grad_accum"),
+    "global_batch_tokens": ("train", "global_batch_tokens"),
+    "lr": ("train", "lr"),
+    "eval_interval": ("train", "eval_interval"),
+    "ckpt_interval": ("train", "ckpt_interval"),
+    "ema_decay": ("train", "ema_decay"),
+    "device": ("train", "device"),
+    "dtype": ("train", "dtype"),
+    "compile": ("train", "compile"),
+    "fsdp": ("train", "fsdp"),
+    "init_from": ("train", "init_from"),
+    "keep_last": ("train", "keep_last"),
+    "block_size": ("model", "block_size"),
+}
 
 TRAIN_ONLY_ON_RESUME = {
     "max_steps",
@@ -97,8 +118,6 @@ def _split_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
         if not section:
             section = "model" if name in model_fields and name not in train_fields else "train"
         (model_over if section == "model" else train_over)[name] = parse_cli_value(value)
-    from aogpt.cli.train import FLAG_FIELDS
-
     for dest, (section, name) in FLAG_FIELDS.items():
         value = getattr(args, dest, None)
         if value is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from aogpt.ema import EMA
+from aogpt.train.ema import EMA
 
 
 def test_ema_update_matches_formula_with_warmup():

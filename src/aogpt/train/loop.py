@@ -1,0 +1,99 @@
+"""The training loop, `Trainer.fit`: step until `max_steps`, a time limit or a signal; log, validate
+and checkpoint on their cadences; then validate, checkpoint and plot once more.
+
+SIGINT and SIGTERM do not interrupt a step: they set a flag that every rank sees at the end of the
+step (`distributed.broadcast_flag`), so all ranks stop together and write a final checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from aogpt.progress import progress
+from aogpt.train import distributed
+from aogpt.train.step import StepResult
+from aogpt.train.throughput import Window
+
+Trainer = Any  # aogpt.train.trainer.Trainer (not imported: trainer.py imports this module)
+
+
+@contextlib.contextmanager
+def stop_on_signals(t: Trainer) -> Iterator[None]:
+    """While inside, SIGINT and SIGTERM set `t._stop_signal` (their name) instead of interrupting."""
+
+    def handle(signum, frame) -> None:  # noqa: ARG001
+        t._stop_signal = signal.Signals(signum).name
+
+    previous = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def fit(t: Trainer) -> dict[str, Any]:
+    """Train until max_steps (or max_minutes, or a signal), then validate and checkpoint."""
+    with stop_on_signals(t), progress(total=t.cfg.max_steps, desc="train", disable=not t.show_progress,
+                                      initial=t.step, unit="step") as bar:
+        last = train_steps(t, bar)
+    final_eval = t.evaluate()
+    t.log({"kind": "eval", "step": t.step, **final_eval})
+    ckpt = t.save()
+    plot = t.plot()
+    return {
+        "step": t.step,
+        "stopped_by": t._stop_signal or ("time" if t.step < t.cfg.max_steps else "max_steps"),
+        "train_loss": last.loss if last else None,
+        **final_eval,
+        "tokens_seen": t.tokens_seen,
+        "tokens_per_s": t.tokens_seen / max(t.train_seconds, 1e-9),
+        "train_seconds": t.train_seconds,
+        "checkpoint": str(ckpt or t.last_checkpoint or ""),
+        "plot": str(plot) if plot else None,
+        "run_dir": str(t.out) if t.out else None,
+        "params": t.raw.num_params(),
+    }
+
+
+def train_steps(t: Trainer, bar: Any) -> StepResult | None:
+    """The steps, with train records every `log_interval`, validation every `eval_interval` and
+    checkpoints every `ckpt_interval`; the last step's result (None if none ran)."""
+    cfg, window, last = t.cfg, Window(), None
+    while t.step < cfg.max_steps:
+        t0 = time.perf_counter()
+        last = t.train_step()
+        t.train_seconds += time.perf_counter() - t0
+        window.add(last.loss, t.tokens_per_step)
+        bar.update(1)
+        if t.step % cfg.log_interval == 0 or t.step == cfg.max_steps:
+            log_window(t, window, last, bar)
+        if should_stop(t) or t.step == cfg.max_steps:
+            break
+        if t.step % cfg.eval_interval == 0:
+            t.log({"kind": "eval", "step": t.step, **t.evaluate()})
+            t.plot()
+            window.restart_clock()
+        if t.step % cfg.ckpt_interval == 0:
+            t.save()
+            window.restart_clock()
+    return last
+
+
+def log_window(t: Trainer, window: Window, last: StepResult, bar: Any) -> None:
+    """Write the train record of the steps since the last one, and show it on the progress bar."""
+    figures = window.close(flops_per_token=t.flops_per_token, peak=t.peak_flops, devices=t.info.world_size)
+    record = {"kind": "train", "step": t.step, "loss": figures["loss"], "lr": last.lr, "grad_norm": last.grad_norm,
+              "tokens": t.tokens_seen, **{k: v for k, v in figures.items() if k != "loss"}}
+    t.log(record)
+    bar.set_postfix(loss=f"{figures['loss']:.3f}", tok_s=f"{figures['tokens_per_s']:,.0f}")
+
+
+def should_stop(t: Trainer) -> bool:
+    """A signal on any rank, or `max_minutes` of training spent (the same answer on every rank)."""
+    out_of_time = t.cfg.max_minutes > 0 and t.train_seconds >= t.cfg.max_minutes * 60
+    return distributed.broadcast_flag(bool(t._stop_signal) or out_of_time, t.info, t.device)

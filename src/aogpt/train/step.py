@@ -1,0 +1,158 @@
+"""One optimizer step: AdamW, warmup + cosine, accumulation over the global batch, clipping.
+
+Every optimizer step reads one *global* batch (all ranks, all micro-steps), drawn by the trainer;
+this rank takes its rows, micro-batch by micro-batch, so one process with gradient accumulation and
+N processes compute the same update. The loss is the model family's (`ModelFamily.train_loss`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from aogpt.config import TrainConfig
+from aogpt.errors import AOGPTError
+from aogpt.families import family_of
+from aogpt.train import distributed
+
+
+def autocast_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
+    """bf16 autocast on CUDA (by default), none (fp32) on CPU."""
+    if cfg.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else None
+    table = {
+        "float32": None,
+        "fp32": None,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
+    if cfg.dtype not in table:
+        raise AOGPTError(f"unknown dtype {cfg.dtype!r}", "use auto, float32 or bfloat16")
+    return table[cfg.dtype]
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    """The autocast context for `dtype` (from `autocast_dtype`); a no-op for None (fp32)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices and embeddings (>= 2-D) only, not on biases and norms."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    fused = device.type == "cuda"
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup to `lr`, then cosine decay to `min_lr` at `max_steps`."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    if step >= cfg.max_steps:
+        return cfg.min_lr
+    progress = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
+
+
+def accumulation_steps(cfg: TrainConfig, world_size: int, block_size: int) -> int:
+    """Micro-steps per optimizer step: `grad_accum`, or derived from `global_batch_tokens`."""
+    if cfg.global_batch_tokens <= 0:
+        return cfg.grad_accum
+    per_micro = world_size * cfg.batch_size * block_size
+    if cfg.global_batch_tokens % per_micro:
+        raise AOGPTError(
+            f"global batch of {cfg.global_batch_tokens} tokens is not divisible by world size {world_size} x "
+            f"micro-batch {cfg.batch_size} x block {block_size} = {per_micro}",
+            "change --global-batch-tokens or --batch-size",
+        )
+    return cfg.global_batch_tokens // per_micro
+
+
+def training_loss(model: nn.Module, idx: torch.Tensor, order: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Mean per-token loss of the batch, as the model's family defines it: the any-order loss for
+    decoders (one causal pass, the orders already drawn), the masked-diffusion loss for the encoder."""
+    return family_of(model).train_loss(model, idx, order, generator).mean()
+
+
+@dataclass
+class StepResult:
+    loss: float
+    lr: float
+    grad_norm: float
+
+
+class NonFiniteLoss(AOGPTError):
+    """The loss or the gradient norm became NaN or infinite; the step was not applied."""
+
+
+def no_sync(model: nn.Module, skip: bool):
+    """Skip the gradient all-reduce on micro-steps before the last (DDP `no_sync`, FSDP2's flag)."""
+    if skip and hasattr(model, "no_sync"):
+        return model.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(not skip)
+    return contextlib.nullcontext()
+
+
+@dataclass
+class OptimizerStep:
+    """The optimizer step over one global batch: set the LR, accumulate this rank's micro-batches,
+    clip, check the loss is finite, step and zero the gradients. The trainer updates the EMA and
+    its counters afterwards."""
+
+    model: nn.Module  # the (DDP/FSDP) wrapped model: gradient sync, clipping
+    step_model: nn.Module  # what the forward runs (`model`, or its torch.compile)
+    optimizer: torch.optim.Optimizer
+    cfg: TrainConfig
+    info: distributed.DistInfo
+    device: torch.device
+    amp: torch.dtype | None
+    accum: int
+
+    def __call__(self, step: int, idx_all: torch.Tensor, order_all: torch.Tensor, order_gen: torch.Generator,
+                 last_checkpoint: Path | None = None) -> StepResult:
+        self.model.train()
+        lr = lr_at(step, self.cfg)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        total = self._accumulate(idx_all, order_all, order_gen)
+        grad_norm = (
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+            if self.cfg.grad_clip > 0
+            else torch.zeros(())
+        )
+        loss_value = float(distributed.all_reduce_sum(total, self.info)) / self.info.world_size
+        if not math.isfinite(loss_value) or not math.isfinite(float(grad_norm)):
+            raise NonFiniteLoss(
+                f"the training loss became {loss_value} at step {step + 1}",
+                f"lower the learning rate; the last good checkpoint is {last_checkpoint or 'none'}",
+            )
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepResult(loss=loss_value, lr=lr, grad_norm=float(grad_norm))
+
+    def _accumulate(self, idx_all: torch.Tensor, order_all: torch.Tensor, order_gen: torch.Generator) -> torch.Tensor:
+        """Forward and backward over this rank's micro-batches; the summed (detached) mean loss."""
+        B, world, total = self.cfg.batch_size, self.info.world_size, torch.zeros((), device=self.device)
+        for micro in range(self.accum):
+            start = (micro * world + self.info.rank) * B
+            idx = idx_all[start : start + B].to(self.device, non_blocking=True)
+            order = order_all[start : start + B]
+            sync = micro == self.accum - 1
+            with no_sync(self.model, not sync), autocast(self.device, self.amp):
+                loss = training_loss(self.step_model, idx, order, order_gen) / self.accum
+            loss.backward()
+            total += loss.detach()
+        return total

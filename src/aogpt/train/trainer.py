@@ -1,0 +1,144 @@
+"""`Trainer`: one training run, composed of the parts in this package.
+
+It builds the model, its EMA copy, the optimizer, the data and order streams and the wrappers (DDP,
+FSDP, torch.compile), holds the run's counters, and hands the work to the parts: the optimizer step
+(`step`), validation (`validation`), checkpoints (`checkpointing`), metrics (`metrics`) and the
+loop (`loop`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from aogpt.config import ModelConfig, TrainConfig
+from aogpt.device import resolve_device
+from aogpt.families import family
+from aogpt.model import Transformer
+from aogpt.orders import make_order_sampler
+from aogpt.train import checkpointing, distributed, loop
+from aogpt.train.ema import EMA
+from aogpt.train.metrics import MetricsLog
+from aogpt.train.sources import BatchSource
+from aogpt.train.step import OptimizerStep, StepResult, accumulation_steps, autocast_dtype, make_optimizer
+from aogpt.train.throughput import flops_per_token, peak_flops
+from aogpt.train.validation import Validation
+
+
+class Trainer:
+    """One training run: model, EMA, optimizer, data/order streams, metrics and checkpoints."""
+
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        cfg: TrainConfig,
+        data: BatchSource,
+        out: Path | None,
+        *,
+        info: distributed.DistInfo | None = None,
+        run_meta: dict[str, Any] | None = None,
+        tokenizer: Any = None,
+        show_progress: bool = True,
+    ):
+        self.info = info or distributed.DistInfo()
+        self.device = resolve_device(cfg.device, self.info.local_rank if self.info.enabled else None)
+        self.model_cfg, self.cfg = model_cfg, cfg
+        self.data, self.out, self.tokenizer = data, Path(out) if out else None, tokenizer
+        self.run_meta = run_meta or {}
+        self.show_progress = show_progress and self.info.is_main
+        self.block_size = model_cfg.block_size
+        self.accum = accumulation_steps(cfg, self.info.world_size, self.block_size)
+        self.sequences_per_step = cfg.batch_size * self.accum * self.info.world_size
+        self.tokens_per_step = self.sequences_per_step * self.block_size
+        self.family = family(model_cfg.variant)
+        self.order_sampler = make_order_sampler(cfg.order)
+        self.family.check_order(self.order_sampler)
+        self.metrics = MetricsLog(self.out, self.info.is_main)
+        self._build_model()
+        self.optimizer_step = OptimizerStep(self.model, self.step_model, self.optimizer, cfg, self.info,
+                                            self.device, self.amp, self.accum)
+        self.validation = Validation(data, cfg, self.block_size, self.family, self.info, self.device, self.amp)
+        self.peak_flops = peak_flops(self.device)
+        self.flops_per_token = flops_per_token(model_cfg, self.block_size)
+
+    def _build_model(self) -> None:
+        """Weights, EMA, optimizer, the data/order streams and the wrappers, seeded for reproducibility."""
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        self.raw = Transformer(self.model_cfg).to(self.device)
+        if cfg.init_from:
+            checkpointing.init_weights_from(self.raw, Path(cfg.init_from))
+        self.ema = EMA(self.raw, cfg.ema_decay, cfg.ema_warmup)
+        self.optimizer = make_optimizer(self.raw, cfg, self.device)
+        self.amp = autocast_dtype(cfg, self.device)
+        self.data_gen = torch.Generator().manual_seed(cfg.seed)
+        self.order_gen = torch.Generator(self.device).manual_seed(cfg.seed + 1)
+        self.step, self.tokens_seen, self.train_seconds = 0, 0, 0.0
+        self.last_eval: dict[str, float] = {}
+        self.last_checkpoint: Path | None = None
+        self._stop_signal: str | None = None
+        torch.manual_seed(cfg.seed + 7919 * (self.info.rank + 1))  # dropout streams differ per rank
+
+        self.model: nn.Module = distributed.wrap_model(self.raw, self.info, self.device, cfg.fsdp)
+        if cfg.fsdp:
+            distributed.wrap_model(self.ema.model, self.info, self.device, True)
+        self.step_model = self.model
+        if cfg.compile and self.device.type == "cuda":
+            self.step_model = torch.compile(self.model)
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+
+    # ------------------------------------------------------------------ one step
+    def _global_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole step's sequences and orders (all ranks, all micro-steps) from the shared streams."""
+        idx = self.data.get_batch("train", self.sequences_per_step, self.block_size, self.data_gen)
+        order = self.order_sampler.sample(self.sequences_per_step, self.block_size, self.device, self.order_gen)
+        return idx, order
+
+    def train_step(self) -> StepResult:
+        """One optimizer step over the global batch (this rank's micro-batches), then the EMA."""
+        idx, order = self._global_batch()
+        result = self.optimizer_step(self.step, idx, order, self.order_gen, self.last_checkpoint)
+        self.ema.update(self.raw)
+        self.step += 1
+        self.tokens_seen += self.tokens_per_step
+        return result
+
+    # ------------------------------------------------------------------ validation
+    def evaluate(self) -> dict[str, float]:
+        """Mean validation loss per token: left to right and any-order, raw and EMA weights."""
+        self.last_eval = self.validation({"raw": self.model, "ema": self.ema.model})
+        return self.last_eval
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_for_resume(self) -> dict[str, Any]:
+        """What goes into trainer.pt (`checkpointing.trainer_state`)."""
+        return checkpointing.trainer_state(self)
+
+    def save(self) -> Path | None:
+        """Write `ckpt-<step>` (rank 0 only), atomically, and keep the last `keep_last`."""
+        return checkpointing.save(self)
+
+    def resume(self, ckpt: Path) -> None:
+        """Restore weights, EMA, optimizer and the data/order/dropout streams from a checkpoint."""
+        checkpointing.resume(self, ckpt)
+
+    # ------------------------------------------------------------------ metrics
+    @property
+    def metrics_path(self) -> Path | None:
+        return self.metrics.path
+
+    def log(self, record: dict[str, Any]) -> None:
+        self.metrics.log(record)
+
+    def plot(self) -> Path | None:
+        return self.metrics.plot(f"{self.model_cfg.variant} ({self.cfg.order})")
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> dict[str, Any]:
+        """Train until max_steps (or max_minutes, or a signal), then validate and checkpoint."""
+        return loop.fit(self)
