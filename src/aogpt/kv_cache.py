@@ -6,10 +6,17 @@ or copied as the cache grows. Column c holds the keys of chain slot c (docs/desi
 cache").
 
 Each forward says where its new keys go (`cache_pos`, gpt-fast's ``input_pos``): an int start
-column shared by the batch (this forward's S slots go to columns start .. start + S - 1), or a
-LongTensor (B, S) of columns per sequence. Attention then reads the leading `span` columns: those
-its attention mask covers, or start + S when there is no mask. The cache keeps no cursor of its
-own, so a forward never depends on what an earlier caller set.
+column shared by the batch (this forward's S slots go to columns start .. start + S - 1), a
+LongTensor (B, S) of columns per sequence, or `PackedSlots` for a ragged step (below). Attention
+then reads the leading `span` columns: those its attention mask covers, or start + S when there is
+no mask. The cache keeps no cursor of its own, so a forward never depends on what an earlier
+caller set.
+
+Ragged steps (Lemma 4.1: sequences reveal different numbers of positions) are *packed*: the step's
+R real slots of all sequences form one row dimension (input (1, R)), so every linear layer works
+on exactly the real slots. Only attention needs a per-sequence layout: the queries are scattered
+into (B, S) (S = the most rows any sequence has), attend to their own sequence's cache under the
+step's mask (B, 1, S, span), and are gathered back; padding rows attend to column 0 and are dropped.
 
 AO-GPT's adaLN modulation depends on the target position only: at setup the per-position rows of
 every block (and of the final layer) are computed once from the current weights and kept here
@@ -21,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 
 @dataclass
@@ -30,6 +38,18 @@ class Conditions:
 
     blocks: list[torch.Tensor]
     final: torch.Tensor
+
+
+@dataclass
+class PackedSlots:
+    """Where the rows of a packed forward go: row r belongs to sequence `batch[r]`, writes its keys
+    at cache column `column[r]`, and sits at `pad[r]` = b * width + s of the (B, width) layout that
+    attention runs in."""
+
+    batch: torch.Tensor
+    column: torch.Tensor
+    pad: torch.Tensor
+    width: int
 
 
 class KVCache:
@@ -44,6 +64,25 @@ class KVCache:
         self.batch, self.capacity = batch, capacity
         self.conditions = conditions
         self._rows = torch.arange(batch, device=device)[:, None]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               cache_pos: int | torch.Tensor | PackedSlots, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """Write this forward's keys/values at `cache_pos` and attend over the cache: q, k, v are
+        (B, H, S, D), or (1, H, R, D) for packed rows; returns the attention output, same shape as q."""
+        if not isinstance(cache_pos, PackedSlots):
+            span = attn_mask.shape[-1] if attn_mask is not None else cache_pos + q.shape[2]
+            k, v = self.update(layer, k, v, cache_pos, span)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        where, H, D = cache_pos, q.shape[1], q.shape[3]
+        kc, vc = self.k[layer], self.v[layer]
+        kc[where.batch, :, where.column] = k[0].transpose(0, 1)
+        vc[where.batch, :, where.column] = v[0].transpose(0, 1)
+        span = attn_mask.shape[-1]
+        padded = q.new_zeros(self.batch * where.width, H, D)
+        padded[where.pad] = q[0].transpose(0, 1)
+        padded = padded.view(self.batch, where.width, H, D).transpose(1, 2)
+        y = F.scaled_dot_product_attention(padded, kc[:, :, :span], vc[:, :, :span], attn_mask=attn_mask)
+        return y.transpose(1, 2).reshape(-1, H, D)[where.pad].transpose(0, 1)[None]
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, cache_pos: int | torch.Tensor,
                span: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,7 +30,7 @@ from torch import nn
 from aogpt.config import ModelConfig
 from aogpt.errors import AOGPTError
 from aogpt.functional import token_nll
-from aogpt.kv_cache import Conditions, KVCache
+from aogpt.kv_cache import Conditions, KVCache, PackedSlots
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -134,18 +134,17 @@ class SelfAttention(nn.Module):
         self.layer_idx = layer_idx
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, cache: KVCache | None,
-                cache_pos: int | torch.Tensor | None = None) -> torch.Tensor:
+                cache_pos: int | torch.Tensor | PackedSlots | None = None) -> torch.Tensor:
         B, S, d = x.shape
         q, k, v = (t.view(B, S, self.n_head, -1).transpose(1, 2) for t in self.c_attn(x).split(d, dim=2))
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if cache is not None:
-            span = attn_mask.shape[-1] if attn_mask is not None else cache_pos + S
-            k, v = cache.update(self.layer_idx, k, v, cache_pos, span)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0,
-            is_causal=self.causal and attn_mask is None and cache is None,
-        )
+            y = cache.attend(self.layer_idx, q, k, v, cache_pos, attn_mask)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                               dropout_p=self.dropout if self.training else 0.0,
+                                               is_causal=self.causal and attn_mask is None)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, S, d)))
 
 
@@ -185,7 +184,7 @@ class Block(nn.Module):
                           *fold_affine(self.ln_2, shift_m, scale_m), gate_m], dim=-1)
 
     def forward(self, x: torch.Tensor, cond: torch.Tensor | None, attn_mask: torch.Tensor | None,
-                cache: KVCache | None, cache_pos: int | torch.Tensor | None = None) -> torch.Tensor:
+                cache: KVCache | None, cache_pos: int | torch.Tensor | PackedSlots | None = None) -> torch.Tensor:
         if not self.adaptive:
             if cond is not None:
                 x = x + cond
@@ -329,7 +328,7 @@ class Transformer(nn.Module):
 
     def forward_slots(self, tokens: torch.Tensor, pos: torch.Tensor, target: torch.Tensor | None = None, *,
                       attn_mask: torch.Tensor | None = None, cache: KVCache | None = None,
-                      cache_pos: int | torch.Tensor | None = None, select: torch.Tensor | None = None,
+                      cache_pos: int | torch.Tensor | PackedSlots | None = None, select: torch.Tensor | None = None,
                       conditions: Conditions | None = None) -> torch.Tensor:
         """Logits for arbitrary slots: the one forward pass every caller goes through.
 
@@ -337,7 +336,8 @@ class Transformer(nn.Module):
         target positions (``block_size``: none). attn_mask: bool (B, 1, S, span), True = may attend;
         None means causal (decoder) or full (encoder) attention over these slots. cache: the static
         KV cache (`setup_cache`) to write this forward's keys into at `cache_pos` (an int start
-        column, or (B, S) columns) and attend over (`aogpt.kv_cache`). select: (B, R) slot indices
+        column, (B, S) columns, or `PackedSlots` for a packed (1, R) ragged step) and attend over
+        (`aogpt.kv_cache`). select: (B, R) slot indices
         whose logits are wanted (the head is the costliest layer of a small model). conditions:
         precomputed adaLN tables (default: the cache's, else computed from the weights now).
         """

@@ -20,10 +20,17 @@ content slot min(col, g_b), targets chain position col, and attends to {c < g_b,
 Afterwards L_b = g_b + 1 and g_b += k_b. A sequence with k_b = 0 sits the step out. Total work is
 n queries + (n - steps) catch-ups, about 2n slot evaluations, and nothing is ever concatenated.
 
-Batches: when every sequence has the same (L, g, k) (the ``count`` policy) all rows write from one
-int column (`cache_pos`), and a single-slot step needs no mask at all. Otherwise rows are
-padded to the longest sequence; padded rows write to columns nobody reads before they are
-rewritten (or to the scratch column n) and are never selected.
+Planned before the loop. The orders and per-step counts do not depend on the sampled tokens, so
+`plan_steps` turns them into one `Step` per forward before the model runs: which slot contents to
+gather, their positions and targets, where their keys go, the attention mask, which rows go
+through the head and where their tokens land. The loop itself only gathers, runs the model,
+samples and scatters: no host-side bookkeeping, no device-to-host synchronisation.
+
+Batches: when every sequence has the same (L, g, k) (the ``count`` policy) the step is a (B, S)
+block written from one int column, and a single-slot step needs no mask at all. Otherwise
+(Lemma 4.1's ragged steps) the real slots of all sequences are *packed* into one row dimension, so
+the linear layers do exactly the real work; only attention uses a padded (B, S) layout
+(`aogpt.kv_cache.PackedSlots`). A sequence with k_b = 0 sits the step out.
 
 ``use_cache=False`` is the same step with L_b = 0: all decided slots are recomputed every step (the
 benchmark's baseline and a test oracle for the cache logic).
@@ -32,11 +39,12 @@ benchmark's baseline and a test oracle for the cache logic).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from aogpt.kv_cache import PackedSlots
 from aogpt.sampling import SamplingConfig, sample_tokens
 
 
@@ -50,6 +58,124 @@ def step_mask(cols: torch.Tensor, decided: int | torch.Tensor, span: int) -> tor
     return ((a < decided) & (a <= col)) | (a == col)
 
 
+@dataclass
+class Step:
+    """One decode forward, planned before the loop (tensors on the model's device).
+
+    gather: flat indices into the chain contents of every slot's content ((B, S), or (1, R) when
+    packed); pos, target: the slots' positions and targets; cache_pos and mask: where keys go and
+    who attends to whom; select: the query rows sent through the head; dest: flat indices (into
+    the chain contents) of the tokens they reveal; chain_at: the same as flat (b * n + chain index)
+    positions, for teacher forcing and recorded logits; rows, padded: real and padding slots.
+    Without a cache (the recompute baseline) ragged steps use a padded (B, S) layout instead of
+    packing, and `pick` says which selected rows are real.
+    """
+
+    gather: torch.Tensor
+    pos: torch.Tensor
+    target: torch.Tensor
+    cache_pos: int | PackedSlots
+    mask: torch.Tensor | None
+    select: torch.Tensor | None
+    dest: torch.Tensor
+    chain_at: torch.Tensor
+    revealed: int
+    rows: int
+    padded: int
+    pick: torch.Tensor | None = None  # which of the selected rows are real (padded layout only)
+
+
+class _Planner:
+    """Turns per-step counts into `Step`s, tracking each sequence's decided (g) and cached (L) slots."""
+
+    def __init__(self, B: int, n: int, m: int, use_cache: bool, pos: torch.Tensor, tgt: torch.Tensor):
+        self.B, self.n, self.use_cache, self.pos, self.tgt = B, n, use_cache, pos, tgt
+        self.dev = pos.device
+        self.L = np.zeros(B, dtype=np.int64)
+        self.g = np.full(B, m, dtype=np.int64)
+
+    def _t(self, a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.dev)
+
+    def step(self, k: np.ndarray) -> Step:
+        L = self.L if self.use_cache else np.zeros_like(self.L)
+        same = (k == k[0]).all() and (L == L[0]).all() and (self.g == self.g[0]).all()
+        if same:
+            out = self._uniform(int(k[0]), int(L[0]), int(self.g[0]))
+        else:
+            out = self._packed(k, L) if self.use_cache else self._padded(k)
+        if self.use_cache:
+            self.L[k > 0] = self.g[k > 0] + 1
+        self.g += k
+        return out
+
+    def _uniform(self, k: int, L: int, g: int) -> Step:
+        """Every sequence has the same rows: a (B, S) block from column L, no packing, no padding."""
+        B, n = self.B, self.n
+        S, c = g - L + k, g - L
+        cols = np.arange(L, L + S)
+        content = np.minimum(cols, g)
+        b = np.arange(B)[:, None]
+        cols_t = self._t(cols)
+        mask = None if S == 1 else step_mask(cols_t, g, L + S)[None, None]
+        select = None if c == 0 else self._t(c + np.arange(k)).expand(B, k)
+        query = g + np.arange(k)
+        return Step(self._t(b * (n + 2) + content), self.pos[:, self._t(content)], self.tgt[:, cols_t], L, mask, select,
+                    self._t(b * (n + 2) + query + 1).reshape(-1), self._t(b * n + query).reshape(-1),
+                    B * k, B * S, 0)
+
+    def _packed(self, k: np.ndarray, L: np.ndarray) -> Step:
+        """Ragged counts: the real rows of all sequences in one row dimension (module docstring)."""
+        B, n, g = self.B, self.n, self.g
+        sizes = np.where(k > 0, g - L + k, 0)
+        R, W = int(sizes.sum()), int(sizes.max())
+        b = np.repeat(np.arange(B), sizes)
+        s = np.arange(R) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        col = L[b] + s
+        content = np.minimum(col, g[b])
+        query = col >= g[b]
+        span = int(col.max()) + 1
+        b_t, col_t = self._t(b), self._t(col)
+        pad_cols = L[:, None] + np.arange(W)
+        real = np.arange(W) < sizes[:, None]
+        a = torch.arange(span, device=self.dev)
+        mask = step_mask(self._t(pad_cols), self._t(g)[:, None], span) | self._t(~real)[..., None].bool() & (a == 0)
+        where = PackedSlots(b_t, col_t, self._t(b * W + s), W)
+        qb, qcol = b[query], col[query]
+        return Step(self._t(b * (n + 2) + content)[None], self.pos[b_t, self._t(content)][None],
+                    self.tgt[b_t, col_t][None], where, mask[:, None], self._t(np.nonzero(query)[0])[None],
+                    self._t(qb * (n + 2) + qcol + 1), self._t(qb * n + qcol), int(query.sum()), R, B * W - R)
+
+
+    def _padded(self, k: np.ndarray) -> Step:
+        """Ragged counts without a cache: every decided slot recomputed, sequences padded to (B, W)."""
+        B, n, g = self.B, self.n, self.g
+        sizes = np.where(k > 0, g + k, 0)
+        W, Q = int(sizes.max()), int(k.max())
+        cols = np.broadcast_to(np.arange(W), (B, W))
+        content = np.minimum(cols, g[:, None])
+        b = np.arange(B)[:, None]
+        cols_t, g_t = self._t(cols), self._t(g)[:, None]
+        mask = step_mask(cols_t, g_t, W)[:, None]
+        j = np.arange(Q)
+        real = j < k[:, None]
+        select = np.where(real, g[:, None] + j, 0)
+        qb, qj = np.nonzero(real)
+        qcol = g[qb] + qj
+        return Step(self._t(b * (n + 2) + content), self.pos.gather(1, self._t(content)),
+                    self.tgt.gather(1, cols_t), 0, mask, self._t(select), self._t(qb * (n + 2) + qcol + 1),
+                    self._t(qb * n + qcol), len(qb), int(sizes.sum()), B * W - int(sizes.sum()),
+                    self._t(qb * Q + qj))
+
+
+def plan_steps(counts: np.ndarray, m: int, use_cache: bool, pos: torch.Tensor, tgt: torch.Tensor) -> list[Step]:
+    """Every forward of a batch decoded with `counts` (B, T) revealed per step, `m` known tokens first.
+    Steps that reveal nothing run no forward (pending catch-ups simply wait)."""
+    B, n = pos.shape[0], pos.shape[1] - 1
+    planner = _Planner(B, n, m, use_cache, pos, tgt)
+    return [planner.step(counts[:, i]) for i in range(counts.shape[1]) if counts[:, i].any()]
+
+
 class DecoderSampler:
     """One batch of sequences decoded along fixed chain orders with a fixed per-step plan."""
 
@@ -58,102 +184,41 @@ class DecoderSampler:
         B, n = chain.shape
         dev = chain.device
         m = known.numel()
-        self.model, self.B, self.n, self.m, self.plan = model, B, n, m, plan
-        self.use_cache, self.teacher = use_cache, teacher
-        self.ar = torch.arange(n + 1, device=dev)
+        self.model, self.B, self.n = model, B, n
+        self.teacher = None if teacher is None else teacher.reshape(-1)
         # content of chain slot i is ychain[:, i] (start = -1); column n + 1 is a write sink
         self.ychain = torch.full((B, n + 2), -1, dtype=torch.long, device=dev)
         self.ychain[:, 1:m + 1] = known
-        self.pos = torch.cat([torch.zeros_like(chain[:, :1]), chain + 1], dim=1)
-        self.tgt = torch.cat([chain, torch.full_like(chain[:, :1], model.config.block_size)], dim=1)
+        pos = torch.cat([torch.zeros_like(chain[:, :1]), chain + 1], dim=1)
+        tgt = torch.cat([chain, torch.full_like(chain[:, :1], model.config.block_size)], dim=1)
+        self.steps = plan_steps(plan, m, use_cache, pos, tgt)
         self.cache = model.setup_cache(B, n + 1) if use_cache else None
         self.conditions = None if use_cache else model.conditions()  # adaLN tables, computed once
-        self.L = np.zeros(B, dtype=np.int64)
-        self.g = np.full(B, m, dtype=np.int64)
-        self.uniform = bool((plan == plan[:1]).all())
         self.logits: torch.Tensor | None = None
         if record:
             V = model.config.vocab_size
             self.logits = torch.full((B, n, V), float("nan"), device=dev, dtype=next(model.parameters()).dtype)
-        self.forwards = 0
-        self.slots = 0
-        self.padded = 0
+        self.forwards = len(self.steps)
+        self.slots = sum(s.rows for s in self.steps)
+        self.padded = sum(s.padded for s in self.steps)
 
     def run(self, cfg: SamplingConfig, gen: torch.Generator | None,
             progress: Callable[[int], None] | None) -> torch.Tensor:
-        for i in range(self.plan.shape[1]):
-            k = self.plan[:, i]
-            if not k.any():
-                continue  # nothing revealed: no forward (pending catch-ups simply wait)
-            if self.uniform:
-                self._uniform_step(int(k[0]), cfg, gen)
+        flat = self.ychain.view(-1)
+        for step in self.steps:
+            logits = self.model.forward_slots(flat[step.gather], step.pos, step.target, attn_mask=step.mask,
+                                              cache=self.cache, cache_pos=step.cache_pos, select=step.select,
+                                              conditions=self.conditions)
+            logits = logits.reshape(-1, logits.shape[-1])
+            if step.pick is not None:
+                logits = logits[step.pick]
+            if self.teacher is not None:
+                new = self.teacher[step.chain_at]
             else:
-                self._general_step(k, cfg, gen)
+                new = sample_tokens(logits, cfg, gen)
+            flat[step.dest] = new
+            if self.logits is not None:
+                self.logits.view(-1, self.logits.shape[-1])[step.chain_at] = logits
             if progress is not None:
-                progress(int(k.sum()))
+                progress(step.revealed)
         return self.ychain[:, 1:self.n + 1]
-
-    def _draw(self, logits: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator | None,
-              teacher_index: tuple[Any, Any] | None) -> torch.Tensor:
-        if self.teacher is not None:
-            return self.teacher[teacher_index]
-        return sample_tokens(logits, cfg, gen)
-
-    def _uniform_step(self, k: int, cfg: SamplingConfig, gen: torch.Generator | None) -> None:
-        B, ar = self.B, self.ar
-        L, g = (int(self.L[0]) if self.use_cache else 0), int(self.g[0])
-        c = g - L
-        S = c + k
-        span = L + S
-        cols = ar[L:span]
-        content = cols.clamp(max=g)
-        tokens, pos, target = self.ychain[:, content], self.pos[:, content], self.tgt[:, cols]
-        mask = None if S == 1 else step_mask(cols, g, span)[None, None]
-        select = None if c == 0 else (c + ar[:k]).expand(B, k)
-        logits = self.model.forward_slots(tokens, pos, target, attn_mask=mask, cache=self.cache, cache_pos=L,
-                                          select=select, conditions=self.conditions)
-        new = self._draw(logits.reshape(B * k, -1), cfg, gen, (slice(None), slice(g, g + k)))
-        self.ychain[:, g + 1:g + 1 + k] = new.view(B, k)
-        if self.logits is not None:
-            self.logits[:, g:g + k] = logits
-        self.forwards += 1
-        self.slots += B * S
-        if self.use_cache:
-            self.L[:] = g + 1
-        self.g += k
-
-    def _general_step(self, k: np.ndarray, cfg: SamplingConfig, gen: torch.Generator | None) -> None:
-        B, n, dev = self.B, self.n, self.ar.device
-        act = k > 0
-        L = self.L if self.use_cache else np.zeros_like(self.L)
-        g = self.g
-        c = g - L
-        rows = np.where(act, c + k, 0)
-        S, R = int(rows.max()), int(k.max())
-        r = np.arange(S)
-        cols = np.minimum(L[:, None] + r, n)  # padded rows: columns not read before rewritten, or n
-        span = int(cols.max()) + 1
-        cols_t = torch.from_numpy(cols).to(dev)
-        g_t = torch.from_numpy(g).to(dev)[:, None]
-        content = torch.minimum(cols_t, g_t)
-        tokens = self.ychain.gather(1, content)
-        pos, target = self.pos.gather(1, content), self.tgt.gather(1, cols_t)
-        mask = step_mask(cols_t, g_t, span)[:, None]
-        j = np.arange(R)
-        valid = j < k[:, None]
-        select = torch.from_numpy(np.where(valid, c[:, None] + j, 0)).to(dev)
-        logits = self.model.forward_slots(tokens, pos, target, attn_mask=mask, cache=self.cache, cache_pos=cols_t,
-                                          select=select, conditions=self.conditions)
-        bi, ji = np.nonzero(valid)
-        bi_t, col_t = torch.from_numpy(bi).to(dev), torch.from_numpy(g[bi] + ji).to(dev)
-        rows_logits = logits[torch.from_numpy(bi).to(dev), torch.from_numpy(ji).to(dev)]
-        new = self._draw(rows_logits, cfg, gen, (bi_t, col_t))
-        self.ychain[bi_t, col_t + 1] = new
-        if self.logits is not None:
-            self.logits[bi_t, col_t] = rows_logits
-        self.forwards += 1
-        self.slots += int(rows.sum())
-        self.padded += B * S - int(rows.sum())
-        if self.use_cache:
-            self.L[act] = g[act] + 1
-        self.g += k
