@@ -1,16 +1,11 @@
-"""Cost of one exact sequence likelihood: decoder one pass against encoder n passes.
+"""Cost of one exact sequence likelihood.
 
-A thin wrapper around `aogpt bench density` (src/aogpt/bench/, docs/benchmarks.md); every flag of that
-command works here, e.g.
-
-    python benchmarks/density.py [--quick] [--out DIR] [--json]
+Runs `aogpt bench density` (the code lives in src/aogpt/bench/; every flag of it works here, e.g. --quick).
 """
-
-from __future__ import annotations
 
 import sys
 
 from aogpt.cli import main
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # spawned worker processes re-import this file: run nothing then
     sys.exit(main(["bench", "density", *sys.argv[1:]]))

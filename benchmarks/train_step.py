@@ -1,16 +1,11 @@
-"""Training-step throughput of gpt, sigma, aogpt and encoder-mdm at equal size (issue 3).
+"""Training-step throughput of every variant.
 
-A thin wrapper around `aogpt bench train` (src/aogpt/bench/, docs/benchmarks.md); every flag of that
-command works here, e.g.
-
-    python benchmarks/train_step.py [--quick] [--out DIR] [--json]
+Runs `aogpt bench train` (the code lives in src/aogpt/bench/; every flag of it works here, e.g. --quick).
 """
-
-from __future__ import annotations
 
 import sys
 
 from aogpt.cli import main
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # spawned worker processes re-import this file: run nothing then
     sys.exit(main(["bench", "train", *sys.argv[1:]]))

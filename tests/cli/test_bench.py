@@ -14,7 +14,7 @@ def restore_threads():
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("name", ["generate", "density", "train"])
+@pytest.mark.parametrize("name", ["generate", "density", "train", "eval", "prepare"])
 def test_help(cli, name):
     res = cli("bench", name, "--help")
     assert res.code == 0 and "--quick" in res.out and "--json" in res.out and "--seed" in res.out
@@ -57,6 +57,49 @@ def test_density_and_train_quick_json(cli, tmp_path):
     assert res.json["variants"] == ["gpt", "aogpt"] and (tmp_path / "train.md").is_file()
 
 
+def test_eval_quick_json(cli, tmp_path):
+    res = cli("bench", "eval", "--quick", "--threads", "1", "--members", "3", "--out", tmp_path, "--json",
+              "--no-progress")
+    assert res.code == 0, res.err
+    s = res.json
+    assert s["command"] == "bench eval" and s["n"] == 32 and s["batch"] == 4 and s["members"] == 3
+    contenders = {"train", "eval-l2r", "eval-random", "ensemble-base", "ensemble"}
+    assert set(s["seconds"]) == set(s["cpu_seconds"]) == set(s["contenders"]) == contenders
+    assert s["environment"]["threads"] == 1 and "load_average" in s["environment"]
+    for by, sec in (("ratios", s["seconds"]), ("cpu_ratios", s["cpu_seconds"])):
+        assert s[by]["train/eval-l2r"] == pytest.approx(sec["train"] / sec["eval-l2r"])
+        assert s[by]["train/eval-random"] == pytest.approx(sec["train"] / sec["eval-random"])
+        assert s[by]["member/ensemble-base"] == pytest.approx(
+            (sec["ensemble"] - sec["ensemble-base"]) / 2 / sec["ensemble-base"])
+    assert s["targets"][0]["value"] == s["ratios"]["train/eval-l2r"]
+    assert "| evaluation, left to right (exact NLL) |" in res.out and "Target:" in res.out
+    assert (tmp_path / "eval.md").is_file() and (tmp_path / "eval.json").is_file()
+
+
+def test_prepare_local_corpus_json(cli, tmp_path, make_corpus):
+    corpus = make_corpus(tmp_path / "corpus", docs=3, words=40)
+    res = cli("bench", "prepare", "--corpus", corpus, "--tokenizer", "bytes", "--repeats", "2", "--out",
+              tmp_path / "out", "--json", "--no-progress")
+    assert res.code == 0, res.err
+    s = res.json
+    assert s["command"] == "bench prepare" and s["benchmark"] == "prepare" and s["repeats"] == 2
+    assert s["corpus"] == str(corpus) and s["tokenizer"] == "bytes" and s["documents"] == 3
+    assert set(s["seconds"]) == set(s["cpu_seconds"]) == {"prepare"} and len(s["cpu_runs"]["prepare"]) == 2
+    assert s["tokens_per_second"] == pytest.approx(s["tokens"] / s["seconds"]["prepare"])
+    assert s["targets"][0]["value"] == pytest.approx(s["seconds"]["prepare"] / 10)
+    assert "load_average" in s["environment"] and (tmp_path / "out" / "prepare.md").is_file()
+
+
+def test_prepare_workers_bench_json(cli, tmp_path):
+    res = cli("bench", "prepare", "--workers-bench", "--quick", "--tokenizer", "bytes", "--synthetic-mb", "0.02",
+              "--out", tmp_path, "--json", "--no-progress")
+    assert res.code == 0, res.err
+    s = res.json
+    assert s["benchmark"] == "prepare-workers" and s["workers"] == 2 and s["repeats"] == 1
+    assert s["ratios"]["threads/workers"] == pytest.approx(s["seconds"]["threads"] / s["seconds"]["workers"])
+    assert "2 worker processes" in res.out and (tmp_path / "prepare-workers.json").is_file()
+
+
 @pytest.mark.parametrize("args, message", [
     (["generate", "--quick", "--steps", "64"], "must lie in 1..n"),
     (["generate", "--quick", "--steps", "x"], "bad steps list"),
@@ -69,9 +112,27 @@ def test_density_and_train_quick_json(cli, tmp_path):
     (["train", "--quick", "--variants", "bert"], "unknown variant"),
     (["train", "--quick", "--steps", "0"], "positive"),
     (["generate", "--n", "abc"], "invalid int"),
+    (["eval", "--quick", "--repeats", "0"], "repeats positive"),
+    (["eval", "--quick", "--members", "1"], "at least 2 members"),
+    (["eval", "--quick", "--n", "2"], "n must be at least 3"),
+    (["eval", "--quick", "--batch", "0"], "batch"),
+    (["eval", "--quick", "--width", "30", "--heads", "4"], "width divisible"),
+    (["eval", "--quick", "--threads", "0"], "--threads"),
+    (["eval", "--quick", "--checkpoint", "aogpt=x"], "unrecognized arguments"),
+    (["prepare", "--repeats", "0"], "--repeats must be at least 1"),
+    (["prepare", "--quick", "--corpus", "nosuchcorpus"], "unknown corpus"),
+    (["prepare", "--quick", "--tokenizer", "gpt-2"], "unknown tokenizer spec"),
+    (["prepare", "--quick", "--max-docs", "0"], "--max-docs"),
+    (["prepare", "--quick", "--threads", "0"], "--threads"),
+    (["prepare", "--quick", "--workers", "3"], "only for --workers-bench"),
+    (["prepare", "--workers-bench", "--workers", "1"], "--workers must be at least 2"),
+    (["prepare", "--workers-bench", "--synthetic-mb", "0"], "--synthetic-mb"),
+    (["prepare", "--workers-bench", "--corpus", "shakespeare"], "not used by --workers-bench"),
+    (["prepare", "--device", "cpu"], "unrecognized arguments"),
 ])
 def test_bad_input_exits_2(cli, tmp_path, args, message):
     res = cli("bench", *args, "--out", tmp_path, "--no-progress")
     assert res.code == 2
-    assert res.err.strip().splitlines()[-1].startswith("error:") and message in res.err
+    lines = res.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in res.err
     assert "Traceback" not in res.err

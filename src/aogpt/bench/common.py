@@ -6,6 +6,7 @@ vocabulary, so ratios are meaningful on any machine; absolute times are not (doc
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import statistics
@@ -103,31 +104,66 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def cpu_seconds() -> float:
+    """CPU seconds used so far by this process (all its threads) and by its finished child processes
+    (e.g. tokenizer workers, counted once the pool has been joined)."""
+    t = os.times()
+    return time.process_time() + t.children_user + t.children_system
+
+
 def timed(fn: Callable[[], Any], device: torch.device) -> float:
     """Wall time of one call, with the device synchronised on both sides."""
+    return timed_cpu(fn, device)[0]
+
+
+def timed_cpu(fn: Callable[[], Any], device: torch.device) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one call, with the device synchronised on both sides. CPU time
+    sums every thread's time and leaves out time spent waiting for a core, so other load on the
+    machine inflates it much less than wall time (it includes the busy-waiting of idle threads)."""
     sync(device)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_seconds()
     fn()
     sync(device)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, cpu_seconds() - cpu
+
+
+@dataclass
+class Timings:
+    """What `interleaved_timings` measured: medians and every run, by wall and by CPU time."""
+
+    wall: dict[Any, float]
+    cpu: dict[Any, float]
+    wall_runs: dict[Any, list[float]]
+    cpu_runs: dict[Any, list[float]]
+
+
+def interleaved_timings(calls: dict[Any, Callable[[], Any]], device: torch.device, repeats: int,
+                        long_run: float = math.inf, progress: Callable[[Any], None] | None = None) -> Timings:
+    """Median wall and CPU seconds of every call over `repeats` rounds. Each round runs every call once,
+    in order, so a change in the machine's load hits all contenders alike. A call whose first run took
+    longer than `long_run` seconds is not repeated (its relative noise is already small, and the slow
+    baselines would otherwise dominate the run). progress(key) is called after every run, untimed."""
+    wall: dict[Any, list[float]] = {k: [] for k in calls}
+    cpu: dict[Any, list[float]] = {k: [] for k in calls}
+    for r in range(repeats):
+        for key, fn in calls.items():
+            if r and wall[key][0] > long_run:
+                continue
+            w, c = timed_cpu(fn, device)
+            wall[key].append(w)
+            cpu[key].append(c)
+            if progress is not None:
+                progress(key)
+    return Timings({k: statistics.median(v) for k, v in wall.items()},
+                   {k: statistics.median(v) for k, v in cpu.items()}, wall, cpu)
 
 
 def interleaved_medians(calls: dict[Any, Callable[[], Any]], device: torch.device, repeats: int, long_run: float,
                         progress: Callable[[Any], None] | None = None
                         ) -> tuple[dict[Any, float], dict[Any, list[float]]]:
-    """Median seconds of every call over `repeats` rounds. Each round runs every call once, in order,
-    so a change in the machine's load hits all contenders alike. A call whose first run took longer
-    than `long_run` seconds is not repeated (its relative noise is already small, and the slow
-    baselines would otherwise dominate the run). progress(key) is called after every run."""
-    runs: dict[Any, list[float]] = {k: [] for k in calls}
-    for r in range(repeats):
-        for key, fn in calls.items():
-            if r and runs[key][0] > long_run:
-                continue
-            runs[key].append(timed(fn, device))
-            if progress is not None:
-                progress(key)
-    return {k: statistics.median(v) for k, v in runs.items()}, runs
+    """Median wall seconds of every call and every run's seconds: `interleaved_timings` by wall time."""
+    t = interleaved_timings(calls, device, repeats, long_run, progress)
+    return t.wall, t.wall_runs
 
 
 def environment(device: torch.device) -> dict[str, Any]:

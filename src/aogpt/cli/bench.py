@@ -1,5 +1,5 @@
-"""`aogpt bench generate|density|train`: the paper's speed comparisons on your hardware.
-Behaviour and decisions: docs/benchmarks.md."""
+"""`aogpt bench generate|density|train|eval|prepare`: the paper's speed comparisons, and the cost of
+evaluation and of data preparation, on your hardware. Behaviour and decisions: docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Any
 from aogpt.cli.common import add_common, emit_json, progress
 from aogpt.errors import AOGPTError
 
-HELP = "speed benchmarks: generation time vs steps (paper Fig. 5), exact-likelihood cost, training steps"
+HELP = ("speed benchmarks: generation time vs steps (paper Fig. 5), exact-likelihood cost, training steps, "
+        "evaluation, data preparation")
 EPILOG = "Random weights by default (timing does not depend on them); see docs/benchmarks.md."
 
 
@@ -22,10 +23,12 @@ def _size_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--vocab", type=int, default=None, metavar="V", help="vocabulary size")
 
 
-def _run_flags(p: argparse.ArgumentParser, checkpoints: bool = True) -> None:
+def _run_flags(p: argparse.ArgumentParser, checkpoints: bool = True, device: bool = True) -> None:
     p.add_argument("--quick", action="store_true", help="a tiny smoke configuration that runs in seconds")
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
-    p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads for torch (default: torch's)")
+    if device:
+        p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
+        p.add_argument("--threads", type=int, default=None, metavar="N",
+                       help="CPU threads for torch (default: torch's)")
     p.add_argument("--out", type=Path, default=Path("bench-results"), metavar="DIR",
                    help="where the markdown table and JSON (and PNG) go (default bench-results)")
     if checkpoints:
@@ -81,9 +84,45 @@ def add_parser(subparsers: Any) -> None:
     _run_flags(t, checkpoints=False)
     t.set_defaults(func=run_train)
 
+    e = sub.add_parser("eval", help="evaluation tokens/s against training, and the cost of an ensemble member",
+                       description="Time, on one AO-GPT and one batch, a training step (forward, backward, AdamW), "
+                       "evaluation left to right and under a random order, and random-order evaluation of a few "
+                       "sequences with and without an ensemble of M members; wall and CPU time, repeats "
+                       "interleaved; writes DIR/eval.md and .json. " + EPILOG)
+    e.add_argument("--n", type=int, default=None, help="sequence length (default 128)")
+    e.add_argument("--batch", type=int, default=None, help="sequences per batch (default 16)")
+    e.add_argument("--members", type=int, default=None, metavar="M",
+                   help="ensemble size for the per-member cost, at least 2 (default 4)")
+    e.add_argument("--repeats", type=int, default=None, help="runs per measurement, median reported (default 5)")
+    e.add_argument("--long-run", type=float, default=20.0, metavar="S", help="do not repeat runs longer than S s")
+    _size_flags(e)
+    _run_flags(e, checkpoints=False)
+    e.set_defaults(func=run_eval)
+
+    r = sub.add_parser("prepare", help="time `aogpt prepare`, or tokenizer worker processes against threads",
+                       description="Time cold runs of `aogpt prepare CORPUS --tokenizer SPEC` in this process "
+                       "(wall and CPU time, one run's stages), or with --workers-bench in-process tokenization "
+                       "against worker processes on a synthetic corpus; writes DIR/prepare.md and .json "
+                       "(DIR/prepare-workers.* with --workers-bench).")
+    r.add_argument("--corpus", default=None, help="what `aogpt prepare --corpus` takes (default shakespeare)")
+    r.add_argument("--tokenizer", default="gpt2", metavar="SPEC", help="gpt2, bytes or bpe:N (default gpt2)")
+    r.add_argument("--max-docs", type=int, default=None, metavar="N", help="documents at most (quick: 4)")
+    r.add_argument("--repeats", type=int, default=None, help="runs per measurement, median reported (default 5; "
+                   "3 with --workers-bench)")
+    r.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="gpt2's tokenizer threads (default: one per CPU, at most 8)")
+    w = r.add_argument_group("--workers-bench: in-process tokenization against worker processes")
+    w.add_argument("--workers-bench", action="store_true", help="time this instead of prepare of a corpus")
+    w.add_argument("--workers", type=int, default=None, metavar="N", help="worker processes (default 2)")
+    w.add_argument("--synthetic-mb", type=float, default=None, metavar="MB",
+                   help="megabytes of synthetic text (default 40; quick 0.5)")
+    _run_flags(r, checkpoints=False, device=False)
+    r.set_defaults(func=run_prepare)
+
 
 def _missing(args: argparse.Namespace) -> int:
-    raise AOGPTError("no benchmark named", "use `aogpt bench generate`, `aogpt bench density` or `aogpt bench train`")
+    raise AOGPTError("no benchmark named",
+                     "use `aogpt bench generate`, `density`, `train`, `eval` or `prepare` (`aogpt bench --help`)")
 
 
 def _pick(value: Any, quick: dict[str, Any], key: str, default: Any, is_quick: bool) -> Any:
@@ -198,3 +237,63 @@ def run_train(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     return _report(args, "bench train", result, bt.to_markdown(result))
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from aogpt.bench import eval as be
+
+    _setup(args)
+    q, d = be.QUICK, be.DEFAULTS
+    repeats = _pick(args.repeats, q, "repeats", d["repeats"], args.quick)
+    batch = _pick(args.batch, q, "batch", d["batch"], args.quick)
+    bar, update = _bar(repeats * len(be.CONTENDERS), args, "bench eval")
+    try:
+        result = be.bench_eval(
+            n=_pick(args.n, q, "n", d["n"], args.quick), batch=batch, size=_size(args, q["size"]),
+            members=_pick(args.members, q, "members", d["members"], args.quick),
+            ensemble_sequences=max(1, min(batch, _pick(None, q, "ensemble_sequences", d["ensemble_sequences"],
+                                                       args.quick))),
+            repeats=repeats, long_run=args.long_run, device=args.device, seed=args.seed, out=args.out,
+            progress=update)
+    finally:
+        bar.close()
+    return _report(args, "bench eval", result, be.to_markdown(result))
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    from aogpt.bench import prepare as bp
+
+    q, d = bp.QUICK, bp.DEFAULTS
+    if args.workers_bench:
+        given = [f for f, v in (("--corpus", args.corpus), ("--max-docs", args.max_docs), ("--threads", args.threads))
+                 if v is not None]
+        if given:
+            raise AOGPTError(f"{', '.join(given)}: not used by --workers-bench (a synthetic corpus, each mode with "
+                             "its own threads)", "drop them, or drop --workers-bench to time prepare of a corpus")
+        from aogpt.data.tokenizer import normalize_spec
+
+        repeats = _pick(args.repeats, q, "repeats", 3, args.quick)
+        modes = 3 if normalize_spec(args.tokenizer) == "gpt2" else 2
+        bar, update = _bar(repeats * modes, args, "bench prepare --workers-bench")
+        try:
+            result = bp.bench_workers(
+                tokenizer=args.tokenizer, workers=_pick(args.workers, q, "workers", d["workers"], args.quick),
+                repeats=repeats, seed=args.seed, out=args.out,
+                synthetic_mb=_pick(args.synthetic_mb, q, "synthetic_mb", d["synthetic_mb"], args.quick),
+                progress=update)
+        finally:
+            bar.close()
+        return _report(args, "bench prepare", result, bp.workers_markdown(result))
+    given = [f for f, v in (("--workers", args.workers), ("--synthetic-mb", args.synthetic_mb)) if v is not None]
+    if given:
+        raise AOGPTError(f"{', '.join(given)}: only for --workers-bench", "add --workers-bench, or drop them")
+    repeats = _pick(args.repeats, q, "repeats", d["repeats"], args.quick)
+    bar, update = _bar(repeats, args, "bench prepare")
+    try:
+        result = bp.bench_prepare(
+            corpus=args.corpus or "shakespeare", tokenizer=args.tokenizer, repeats=repeats,
+            max_docs=_pick(args.max_docs, q, "max_docs", None, args.quick), threads=args.threads, seed=args.seed,
+            out=args.out, progress=update)
+    finally:
+        bar.close()
+    return _report(args, "bench prepare", result, bp.to_markdown(result))
