@@ -27,6 +27,7 @@ from aogpt.families import family_of, unwrap
 from aogpt.generation.conditioning import Conditioning, parse_template, prompt_condition
 from aogpt.generation.plan import base_orders, chain_orders, resolve_order, step_counts
 from aogpt.generation.settings import DecodePlan, GenerationSettings, settings_from
+from aogpt.inference import for_inference
 from aogpt.schedules import count_schedule
 
 __all__ = ["Conditioning", "DecodePlan", "GenerationResult", "GenerationSettings", "generate", "infill",
@@ -88,7 +89,7 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
     where several tokens per step are possible; "count": deterministic), schedule ("linear" or
     "cosine"), order (an `aogpt.orders` spec, default "random", or permutations (n,) / (N, n)),
     temperature, top_p, top_k, greedy, dtype (precision of the draw, default float64),
-    batch_size (default 32), use_cache.
+    batch_size (default 32), use_cache, prepack (CPU: decode weights packed once, `aogpt.inference`).
     prompt: a prefix (text, needs `tokenizer`, or ids). teacher_tokens (N, n): feed these back instead
     of sampling (tests); record_logits keeps every query's logits. skip_noop: an encoder skips the
     forward of steps that reveal nothing (docs/encoder.md). See docs/generation.md.
@@ -132,6 +133,7 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
     known_mask = torch.zeros(n, dtype=torch.bool)
     known_mask[condition.positions] = True
     known_chain = condition.tokens[condition.positions.argsort()].to(device)
+    runner = for_inference(model, rows_hint=batch_size) if settings.prepack else model
     tokens, orders, plans, logits = [], [], [], []
     stats = {"forwards": 0, "slot_evaluations": 0, "padded_slots": 0}
     was_training = model.training
@@ -145,7 +147,7 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
                 plan = step_counts(policy, plan_cfg.schedule, steps, masked, B, gens.plan)
                 chain_d = chain.to(device)
                 teacher = None if teacher_tokens is None else teacher_tokens[start:start + B].gather(1, chain_d)
-                sampler = fam.sampler(model, chain_d, known_chain, plan, use_cache=settings.use_cache,
+                sampler = fam.sampler(runner, chain_d, known_chain, plan, use_cache=settings.use_cache,
                                       teacher=teacher, record=record_logits, skip_noop=skip_noop)
                 y = sampler.run(cfg, gens.tokens, progress)
                 tokens.append(torch.empty_like(y).scatter_(1, chain_d, y).cpu())

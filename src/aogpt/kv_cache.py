@@ -78,11 +78,10 @@ class KVCache:
         kc[where.batch, :, where.column] = k[0].transpose(0, 1)
         vc[where.batch, :, where.column] = v[0].transpose(0, 1)
         span = attn_mask.shape[-1]
-        padded = q.new_zeros(self.batch * where.width, H, D)
-        padded[where.pad] = q[0].transpose(0, 1)
+        padded = q.new_zeros(self.batch * where.width, H, D).index_copy_(0, where.pad, q[0].transpose(0, 1))
         padded = padded.view(self.batch, where.width, H, D).transpose(1, 2)
         y = F.scaled_dot_product_attention(padded, kc[:, :, :span], vc[:, :, :span], attn_mask=attn_mask)
-        return y.transpose(1, 2).reshape(-1, H, D)[where.pad].transpose(0, 1)[None]
+        return y.transpose(1, 2).reshape(-1, H, D).index_select(0, where.pad).transpose(0, 1)[None]
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, cache_pos: int | torch.Tensor,
                span: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -59,8 +59,12 @@ class _RMSNormFunction(torch.autograd.Function):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    if x.is_cuda or not torch.is_grad_enabled():  # fused kernel on GPU; no backward needed otherwise
+    if x.is_cuda:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    if not torch.is_grad_enabled():
+        d = x.shape[-1]
+        w = None if weight is None else torch.cat([weight, weight])
+        return F.layer_norm(torch.cat([x, -x], -1), (2 * d,), w, None, eps)[..., :d]
     return _RMSNormFunction.apply(x, weight, eps)
 
 

@@ -59,7 +59,7 @@ def test_cpu_seconds_count_finished_child_processes():
 def test_targets():
     assert Target("x", 30.0, 25.0, True).met and not Target("y", 1.4, 1.3, False).met
     assert Target("z", None, 1.0, True).met is None
-    assert Target("speed", 3.5, 3.0, True).line() == "- speed: 3.50x (target >= 3x): met"
+    assert Target("speed", 3.5, 3.0, True).line() == "- speed: 3.50x (goal >= 3x: reached)"
 
 
 def test_parsing():

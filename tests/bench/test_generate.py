@@ -5,35 +5,53 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 import torch
 
-from aogpt.bench.generate import METHODS, bench_generate, check_methods, ratios
+from aogpt.bench.generate import METHODS, bench_generate, check_methods
+from aogpt.bench.generate_report import ratios
 from aogpt.errors import AOGPTError
 from tests.bench import TINY
 
 
 def test_generate_runs_every_method_and_writes_table_json_png(tmp_path):
     res = bench_generate(n=12, batch=2, steps=[3, 12], size=TINY, methods=list(METHODS), repeats=2, out=tmp_path)
-    assert set(res["seconds"]) == set(METHODS)
-    assert set(res["seconds"]["gpt"]) == {"12"}  # the AR model always takes n steps
-    for m in METHODS:
-        if m != "gpt":
-            assert set(res["seconds"][m]) == {"3", "12"}
-            assert all(len(r) == 2 for r in res["runs"][m].values())  # repeats, median of them
+    assert set(res["seconds"]) == set(METHODS) and not res["skipped"]
+    for m in ("gpt", "hf-gpt2"):  # left-to-right models always take n steps
+        assert set(res["seconds"][m]) == {"12"}
+    for m in set(METHODS) - {"gpt", "hf-gpt2"}:
+        assert set(res["seconds"][m]) == {"3", "12"}
+        assert all(len(r) == 2 for r in res["runs"][m].values())  # repeats, median of them
     f = res["forwards"]
     assert f["gpt"]["12"] == 12 and f["aogpt-count"]["3"] == 3 and f["encoder-noskip"]["12"] == 12
     assert f["encoder"]["12"] <= 12 and f["aogpt"]["12"] <= 12
+    # the work claimed: one token per step is one slot per step; Lemma 4.1 packs, so no padding slots
+    # reach the linear layers, and the cache is never recomputed (at most 2n slots per sequence)
+    assert res["slots"]["aogpt-count"]["12"] == 2 * 12 and res["padded_slots"]["aogpt-count"]["12"] == 0
+    assert res["slots"]["aogpt"]["12"] <= 2 * 2 * 12 <= res["slots"]["aogpt-nocache"]["12"]
     r = res["ratios"]["12"]
     assert math.isclose(r["encoder/aogpt"], res["seconds"]["encoder"]["12"] / res["seconds"]["aogpt"]["12"])
-    assert math.isclose(r["aogpt/gpt"], res["seconds"]["aogpt"]["12"] / res["seconds"]["gpt"]["12"])
+    assert math.isclose(res["ratios"]["n"]["aogpt/gpt"], res["seconds"]["aogpt"]["12"] / res["seconds"]["gpt"]["12"])
+    assert math.isclose(res["cpu_ratios"]["n"]["aogpt/hf-gpt2"],
+                        res["cpu_seconds"]["aogpt"]["12"] / res["cpu_seconds"]["hf-gpt2"]["12"])
+    est = res["runs"]["encoder-est"]  # T x one timed pass: the median of the scaled runs
+    assert res["seconds"]["encoder-est"]["3"] == statistics.median(est["3"]) > 0
     md = (tmp_path / "generate.md").read_text()
-    assert "| 12 |" in md and "Targets (issue 6):" in md
+    assert "| 12 |" in md and "What this run shows:" in md and "estimated as T x one timed pass" in md
+    assert "issue" not in md.lower() and "NOT met" not in md
     saved = json.loads((tmp_path / "generate.json").read_text())
     assert saved["seconds"] == res["seconds"]
     assert (tmp_path / "generate.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert [t["name"].split()[0] for t in res["targets"]] == ["encoder", "AO-GPT"]
+
+
+def test_missing_transformers_is_said_not_hidden(monkeypatch):
+    from aogpt.bench import hf_gpt2
+
+    monkeypatch.setattr(hf_gpt2, "available", lambda: False)
+    res = bench_generate(n=8, batch=1, steps=[8], size=TINY, methods=["gpt", "hf-gpt2"], repeats=1)
+    assert res["methods"] == ["gpt"] and "transformers" in res["skipped"]["hf-gpt2"]
 
 
 def test_skip_and_noskip_encoders_generate_the_same_samples():
@@ -42,8 +60,9 @@ def test_skip_and_noskip_encoders_generate_the_same_samples():
     from aogpt.generate import generate
 
     model = build_model("encoder-mdm", TINY, 16, torch.device("cpu"), seed=0)
-    a = generate(model, num_samples=3, length=16, steps=16, batch_size=1, seed=3, **METHODS["encoder"][1])
-    b = generate(model, num_samples=3, length=16, steps=16, batch_size=1, seed=3, **METHODS["encoder-noskip"][1])
+    a = generate(model, num_samples=3, length=16, steps=16, batch_size=1, seed=3, **METHODS["encoder"].settings)
+    b = generate(model, num_samples=3, length=16, steps=16, batch_size=1, seed=3, skip_noop=False,
+                 **METHODS["encoder-noskip"].settings)
     assert torch.equal(a.tokens, b.tokens)
     assert a.timing["forwards"] < b.timing["forwards"] == 48
 
@@ -57,5 +76,5 @@ def test_bad_inputs():
 
 def test_ratios_of_the_medians():
     fake = {"steps": [4], "n": 4, "seconds": {"aogpt": {"4": 2.0}, "encoder": {"4": 50.0}, "gpt": {"4": 1.0}}}
-    r = ratios(fake)["4"]
-    assert r["encoder/aogpt"] == 25.0 and r["aogpt/gpt"] == 2.0 and r["aogpt-nocache/aogpt"] is None
+    r = ratios(fake)
+    assert r["4"]["encoder/aogpt"] == 25.0 and r["n"]["aogpt/gpt"] == 2.0 and r["4"]["aogpt-nocache/aogpt"] is None

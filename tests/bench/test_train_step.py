@@ -18,7 +18,7 @@ def test_train_times_the_real_step_of_every_variant(tmp_path):
     assert all(len(r) == 2 for r in res["runs"].values())
     assert all(math.isfinite(v) for v in res["last_loss"].values())
     assert res["tokens_per_second"]["aogpt"] == pytest.approx(16 / res["seconds_per_step"]["aogpt"])
-    assert "paper code" in (tmp_path / "train.md").read_text()
+    assert "paper code" not in (tmp_path / "train.md").read_text()  # no figures measured elsewhere
 
 
 def test_bad_inputs():

@@ -31,8 +31,9 @@ def test_generate_quick_json(cli, tmp_path):
     assert res.code == 0, res.err
     summary = res.json
     assert summary["command"] == "bench generate" and summary["n"] == 32 and summary["steps"] == [4, 8]
-    assert set(summary["seconds"]) == {"aogpt", "aogpt-nocache", "encoder", "encoder-noskip", "gpt"}
-    assert "| T | aogpt |" in res.out and "Targets (issue 6):" in res.out
+    assert set(summary["seconds"]) == {"aogpt", "aogpt-count", "aogpt-nocache", "encoder", "encoder-noskip", "gpt",
+                                       "hf-gpt2"}
+    assert "| T | aogpt (wall / CPU) |" in res.out and "What this run shows:" in res.out
     for name in ("generate.md", "generate.json", "generate.png"):
         assert (tmp_path / name).is_file()
 
@@ -44,7 +45,7 @@ def test_generate_subset_of_methods_and_sizes(cli, tmp_path):
     assert res.code == 0, res.err
     s = res.json
     assert s["size"] == {"n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 32}
-    assert set(s["seconds"]) == {"aogpt", "gpt"} and s["ratios"]["16"]["aogpt/gpt"] > 0
+    assert set(s["seconds"]) == {"aogpt", "gpt"} and s["ratios"]["n"]["aogpt/gpt"] > 0
 
 
 def test_density_and_train_quick_json(cli, tmp_path):

@@ -42,7 +42,7 @@ class Size:
         return asdict(self)
 
 
-DEFAULT_SIZE = Size()  # the issue's: 4 layers, width 256, 4 heads, vocabulary 8192
+DEFAULT_SIZE = Size()  # the reference configuration: 4 layers, width 256, 4 heads, vocabulary 8192
 QUICK_SIZE = Size(n_layer=2, n_embd=64, n_head=2, vocab_size=256)
 
 
@@ -212,7 +212,7 @@ def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
 
 @dataclass
 class Target:
-    """One of the issue's speed targets and whether this run met it."""
+    """A speed goal (a ratio and the bound we aim for) and whether this run reached it."""
 
     name: str
     value: float | None
@@ -228,10 +228,10 @@ class Target:
 
     def line(self) -> str:
         rel = ">=" if self.at_least else "<="
-        status = {None: "not measured", True: "met", False: "NOT met"}[self.met]
+        status = {None: "not measured", True: "reached", False: "not reached"}[self.met]
         got = "-" if self.value is None else fmt_ratio(self.value)
         note = f" ({self.note})" if self.note else ""
-        return f"- {self.name}: {got} (target {rel} {self.bound:g}x): {status}{note}"
+        return f"- {self.name}: {got} (goal {rel} {self.bound:g}x: {status}){note}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "value": self.value, "target": self.bound,

@@ -97,7 +97,7 @@ def to_markdown(result: dict[str, Any]) -> str:
         "",
         markdown_table(["model", "time", "per sequence", "encoder ÷ this"], rows),
         "",
-        "Targets (issue 6):",
+        "Goals:",
         *[t["line"] for t in result["targets"]],
     ]
     return "\n".join(lines)

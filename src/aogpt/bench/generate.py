@@ -1,60 +1,78 @@
-"""`aogpt bench generate`: the paper's Figure 5 on your hardware.
+"""`aogpt bench generate`: the paper's Figure 5 (generation time against steps) on your hardware.
 
-One run times, at the same model size, batch and length n, the generation of a batch of sequences:
+One run times, at the same model size, batch and length n, the generation of a batch of sequences
+by every contender, side by side in this process, interleaved round by round (so a change in the
+machine's load hits all alike), reporting medians of wall and CPU time, forward passes and slot
+evaluations (real and padded):
 
-- ``aogpt``: AO-GPT with its KV cache and Lemma 4.1 (Bernoulli unmasking, the model evaluated only
-  at revealed positions);
-- ``aogpt-nocache``: the same sampler recomputing every decided slot at every step;
-- ``encoder``: the encoder-only MDM (MDLM/SEDD style), T full bidirectional passes, skipping steps
-  where nothing is revealed (MDLM's trick), the head evaluated only at revealed positions;
-- ``encoder-noskip``: the same without skipping;
-- ``gpt``: the left-to-right GPT with its KV cache (always n steps: one token per step);
-- optional ``aogpt-count``: AO-GPT with the deterministic count schedule (every sequence of the
-  batch reveals the same number of positions, so steps need no padding or attention mask).
+- ``aogpt``: AO-GPT with its KV cache and Lemma 4.1 (Bernoulli unmasking; the model evaluated only
+  at revealed positions; ragged steps packed);
+- ``aogpt-count``: AO-GPT with the count schedule (every sequence reveals the same number per step);
+- ``aogpt-nocache``: AO-GPT recomputing every decided slot at every step;
+- ``encoder`` / ``encoder-noskip``: the encoder-only MDM (MDLM/SEDD style), T full bidirectional
+  passes, with and without skipping steps where nothing is revealed;
+- ``encoder-est``: the encoder estimated as T x one timed full pass (for long sequences, where
+  running it is too slow; labelled as an estimate everywhere);
+- ``gpt``: our left-to-right GPT with its KV cache (n steps, one token each);
+- ``hf-gpt2``: Hugging Face `transformers` GPT-2 `generate()` with its KV cache, same size, when
+  `transformers` is installed (`aogpt.bench.hf_gpt2`).
 
-for T in `steps`, reporting the median of `repeats` runs, ratio columns and the issue's targets.
-All go through `aogpt.generate.generate`, the code users call. Random weights by default: the cost
-of generation does not depend on what the weights are.
+Every aogpt contender goes through `aogpt.generate.generate`, the code users call. Random weights
+by default: the cost of generation does not depend on what the weights are.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from aogpt.bench import hf_gpt2
 from aogpt.bench.common import (
     QUICK_SIZE,
     Size,
-    Target,
     build_model,
     default_size,
-    describe_environment,
     environment,
-    fmt_ratio,
-    fmt_seconds,
-    interleaved_medians,
-    markdown_table,
+    interleaved_timings,
+    timed_cpu,
     write_outputs,
 )
+from aogpt.bench.generate_report import ratios, to_markdown
 from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
 
-# method -> (variant, generate() keyword arguments)
-METHODS: dict[str, tuple[str, dict[str, Any]]] = {
-    "aogpt": ("aogpt", dict(policy="bernoulli", use_cache=True)),
-    "aogpt-count": ("aogpt", dict(policy="count", use_cache=True)),
-    "aogpt-nocache": ("aogpt", dict(policy="bernoulli", use_cache=False)),
-    "encoder": ("encoder-mdm", dict(policy="bernoulli", skip_noop=True)),
-    "encoder-noskip": ("encoder-mdm", dict(policy="bernoulli", skip_noop=False)),
-    "gpt": ("gpt", dict(policy="count", order="l2r")),
+
+@dataclass(frozen=True)
+class Method:
+    """A contender: which model, which generation settings, and whether it runs at every T."""
+
+    variant: str | None  # None: the transformers GPT-2
+    label: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    every_t: bool = True  # False: one token per step, so only T = n
+    skip_noop: bool = True
+    estimate: bool = False  # T x one timed pass instead of a run
+
+
+METHODS: dict[str, Method] = {
+    "aogpt": Method("aogpt", "AO-GPT, KV cache + Lemma 4.1 (Bernoulli)", dict(policy="bernoulli")),
+    "aogpt-count": Method("aogpt", "AO-GPT, KV cache, count schedule", dict(policy="count")),
+    "aogpt-nocache": Method("aogpt", "AO-GPT without KV cache (Bernoulli)", dict(policy="bernoulli", use_cache=False)),
+    "encoder": Method("encoder-mdm", "encoder-only MDM (no-op steps skipped)", dict(policy="bernoulli")),
+    "encoder-noskip": Method("encoder-mdm", "encoder-only MDM (no skipping)", dict(policy="bernoulli"),
+                             skip_noop=False),
+    "encoder-est": Method("encoder-mdm", "encoder-only MDM, estimated: T x one timed pass", estimate=True),
+    "gpt": Method("gpt", "our GPT, KV cache (n steps)", dict(policy="count", order="l2r"), every_t=False),
+    "hf-gpt2": Method(None, "transformers GPT-2 generate(), KV cache (n steps)", every_t=False),
 }
-DEFAULT_METHODS = ("aogpt", "aogpt-nocache", "encoder", "encoder-noskip", "gpt")
+DEFAULT_METHODS = ("aogpt", "aogpt-count", "aogpt-nocache", "encoder", "encoder-noskip", "gpt", "hf-gpt2")
 DEFAULT_STEPS = (16, 32, 64, 128, 256)
 QUICK = dict(n=32, batch=2, steps=(4, 8, 32), size=QUICK_SIZE, repeats=1)
-# The issue's targets (2 CPU cores, batch 8, n = 256, equal model sizes).
-TARGET_ENCODER_SLOWER = 25.0
-TARGET_AOGPT_VS_GPT = 1.3
 
 
 def check_methods(methods: list[str] | tuple[str, ...]) -> list[str]:
@@ -65,14 +83,30 @@ def check_methods(methods: list[str] | tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(methods))
 
 
+def _encoder_pass(model: Any, n: int, batch: int, T: int, seed: int) -> Callable[[], Any]:
+    """One full bidirectional pass over (batch, n), half the positions masked, the head at the
+    ceil(n / T) positions a step reveals: the encoder's cost per step."""
+    g = torch.Generator().manual_seed(seed)
+    dev = next(model.parameters()).device
+    tokens = torch.randint(model.config.vocab_size, (batch, n), generator=g).to(dev)
+    tokens[:, ::2] = -1
+    pos = torch.arange(1, n + 1, device=dev).expand(batch, n)
+    select = torch.arange(math.ceil(n / T), device=dev).expand(batch, -1)
+
+    def call() -> Any:
+        with torch.inference_mode():
+            return model.forward_slots(tokens, pos, select=select)
+
+    return call
+
+
 def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | list[int] = DEFAULT_STEPS,
                    size: Size | None = None, methods: tuple[str, ...] | list[str] = DEFAULT_METHODS, repeats: int = 3,
-                   long_run: float = 20.0, device: str = "cpu", seed: int = 0,
-                   checkpoints: dict[str, Path] | None = None, out: Path | None = None,
+                   long_run: float = 20.0, device: str = "cpu", seed: int = 0, top_p: float = 1.0,
+                   temperature: float = 1.0, checkpoints: dict[str, Path] | None = None, out: Path | None = None,
                    progress: Callable[[int, str], None] | None = None) -> dict[str, Any]:
     """Time every method at every T; write DIR/generate.{md,json,png} when `out` is given.
 
-    Every round of repeats runs each (method, T) once, so load changes hit all contenders alike.
     progress(done, label) is called after each run. Returns the summary (see `to_markdown`).
     """
     methods = check_methods(methods)
@@ -81,35 +115,45 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
         raise AOGPTError("n, batch and repeats must be positive", "e.g. --n 256 --batch 8 --repeats 3")
     if steps[0] < 1 or steps[-1] > n:
         raise AOGPTError(f"steps {steps} must lie in 1..n = {n}", f"drop the steps above {n}, or raise --n")
+    if not 0.0 < top_p <= 1.0 or not temperature > 0.0 or not math.isfinite(temperature):
+        raise AOGPTError(f"top-p {top_p} / temperature {temperature} out of range",
+                         "use top-p in (0, 1], temperature > 0")
     dev = resolve_device(device)
     checkpoints = checkpoints or {}
     size = default_size(checkpoints, size)
-    models = {}
+    skipped: dict[str, str] = {}
+    if "hf-gpt2" in methods and not hf_gpt2.available():
+        skipped["hf-gpt2"] = "transformers is not installed (pip install transformers)"
+        methods = [m for m in methods if m != "hf-gpt2"]
+    models: dict[str, Any] = {}
     for m in methods:
-        variant = METHODS[m][0]
-        if variant not in models:
-            models[variant] = build_model(variant, size, n, dev, seed, checkpoints.get(variant))
+        variant = METHODS[m].variant
+        key = variant or m
+        if key not in models:
+            models[key] = (hf_gpt2.build(size, n, dev, seed) if variant is None
+                           else build_model(variant, size, n, dev, seed, checkpoints.get(variant)))
     from aogpt.generate import generate
 
-    def run(method: str, T: int, length: int = n) -> Callable[[], Any]:
-        variant, kw = METHODS[method]
-        T = length if method == "gpt" else T
-        return lambda: generate(models[variant], num_samples=batch, length=length, steps=T, batch_size=batch,
-                                seed=seed, **kw)
-
-    for m in methods:  # warm-up: allocator, kernels, lazy imports; not timed
-        run(m, min(4, n), length=min(n, 16))()
     last: dict[tuple[str, int], Any] = {}
 
-    def measured(method: str, T: int) -> Callable[[], None]:
-        fn = run(method, T)
+    def call(method: str, T: int, length: int = n) -> Callable[[], None]:
+        spec = METHODS[method]
+        if spec.variant is None:
+            return hf_gpt2.generate_call(models[method], length, batch, seed, top_p, temperature)
+        model = models[spec.variant]
+        if spec.estimate:
+            return _encoder_pass(model, length, batch, T, seed)
 
-        def call() -> None:
-            last[(method, T)] = fn()
+        def run() -> None:
+            last[(method, T)] = generate(model, num_samples=batch, length=length, steps=length if not spec.every_t
+                                         else T, batch_size=batch, seed=seed, top_p=top_p, temperature=temperature,
+                                         skip_noop=spec.skip_noop, **spec.settings)
 
-        return call
+        return run
 
-    calls = {(m, T): measured(m, T) for m in methods for T in ([n] if m == "gpt" else steps)}
+    for m in methods:  # warm-up: allocator, kernels, lazy imports; not timed
+        timed_cpu(call(m, min(4, n), length=min(n, 16)), dev)
+    calls = {(m, T): call(m, T) for m in methods for T in (steps if METHODS[m].every_t else [n])}
     done = [0]
 
     def tick(key: tuple[str, int]) -> None:
@@ -117,19 +161,28 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
         if progress is not None:
             progress(done[0], f"{key[0]} T={key[1]}")
 
-    medians, all_runs = interleaved_medians(calls, dev, repeats, long_run, tick)
-    seconds: dict[str, dict[str, float]] = {m: {} for m in methods}
-    runs: dict[str, dict[str, list[float]]] = {m: {} for m in methods}
-    forwards: dict[str, dict[str, int]] = {m: {} for m in methods}
-    for (m, T), sec in medians.items():
-        seconds[m][str(T)], runs[m][str(T)] = sec, all_runs[(m, T)]
-        forwards[m][str(T)] = int(last[(m, T)].timing["forwards"])
-    result = {"benchmark": "generate", "n": n, "batch": batch, "steps": steps, "methods": methods,
-              "size": size.to_dict(), "repeats": repeats, "long_run_s": long_run, "seed": seed,
-              "checkpoints": {k: str(v) for k, v in checkpoints.items()},
-              "seconds": seconds, "runs": runs, "forwards": forwards, "environment": environment(dev)}
-    result["ratios"] = ratios(result)
-    result["targets"] = [t.to_dict() for t in targets(result)]
+    timings = interleaved_timings(calls, dev, repeats, long_run, tick)
+    result: dict[str, Any] = {
+        "benchmark": "generate", "n": n, "batch": batch, "steps": steps, "methods": methods, "skipped": skipped,
+        "labels": {m: METHODS[m].label for m in methods}, "size": size.to_dict(), "repeats": repeats,
+        "long_run_s": long_run, "seed": seed, "top_p": top_p, "temperature": temperature,
+        "checkpoints": {k: str(v) for k, v in checkpoints.items()}, "environment": environment(dev),
+        "seconds": {m: {} for m in methods}, "cpu_seconds": {m: {} for m in methods},
+        "runs": {m: {} for m in methods}, "forwards": {m: {} for m in methods}, "slots": {m: {} for m in methods},
+        "padded_slots": {m: {} for m in methods},
+    }
+    for (m, T), sec in timings.wall.items():
+        factor = T if METHODS[m].estimate else 1
+        result["seconds"][m][str(T)] = sec * factor
+        result["cpu_seconds"][m][str(T)] = timings.cpu[(m, T)] * factor
+        result["runs"][m][str(T)] = [w * factor for w in timings.wall_runs[(m, T)]]
+        if (m, T) in last:
+            t = last[(m, T)].timing
+            result["forwards"][m][str(T)] = int(t["forwards"])
+            result["slots"][m][str(T)] = int(t["slot_evaluations"])
+            result["padded_slots"][m][str(T)] = int(t["padded_slots"])
+    result["ratios"] = ratios(result, "seconds")
+    result["cpu_ratios"] = ratios(result, "cpu_seconds")
     if out is not None:
         from aogpt.bench.plot import plot_generation
 
@@ -138,69 +191,3 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
         if png is not None:
             result["files"]["png"] = str(png)
     return result
-
-
-def _get(result: dict[str, Any], method: str, T: int) -> float | None:
-    return result["seconds"].get(method, {}).get(str(T))
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None or b <= 0 else a / b
-
-
-def ratios(result: dict[str, Any]) -> dict[str, dict[str, float | None]]:
-    """Per T: encoder / AO-GPT, no-cache / cache, no-skip / skip; and AO-GPT at T = n / AR GPT."""
-    out: dict[str, dict[str, float | None]] = {}
-    for T in result["steps"]:
-        out[str(T)] = {
-            "encoder/aogpt": _ratio(_get(result, "encoder", T), _get(result, "aogpt", T)),
-            "aogpt-nocache/aogpt": _ratio(_get(result, "aogpt-nocache", T), _get(result, "aogpt", T)),
-            "encoder-noskip/encoder": _ratio(_get(result, "encoder-noskip", T), _get(result, "encoder", T)),
-            "aogpt/gpt": _ratio(_get(result, "aogpt", T), _get(result, "gpt", result["n"])),
-        }
-    return out
-
-
-def targets(result: dict[str, Any]) -> list[Target]:
-    n, T = result["n"], max(result["steps"])
-    note = "" if (n, result["batch"]) == (256, 8) else f"target set for n = 256, batch 8; this run n = {n}, " \
-                                                       f"batch {result['batch']}"
-    r = ratios(result)
-    at_n = r.get(str(n), {}).get("aogpt/gpt")
-    return [
-        Target(f"encoder MDM at T = {T} is slower than AO-GPT at T = {T} by", r[str(T)]["encoder/aogpt"],
-               TARGET_ENCODER_SLOWER, True, note),
-        Target(f"AO-GPT at T = n = {n} over the AR gpt (n steps)", at_n, TARGET_AOGPT_VS_GPT, False, note),
-    ]
-
-
-def to_markdown(result: dict[str, Any]) -> str:
-    methods = [m for m in result["methods"] if m != "gpt"]
-    size, env = result["size"], result["environment"]
-    columns = [(key, label) for key, label in (("encoder/aogpt", "encoder ÷ AO-GPT"),
-                                               ("aogpt-nocache/aogpt", "no cache ÷ cache"),
-                                               ("encoder-noskip/encoder", "no skip ÷ skip"))
-               if all(m in methods for m in key.split("/"))]
-    headers = ["T"] + methods + [label for _, label in columns]
-    rows = [[str(T)] + [fmt_seconds(_get(result, m, T)) for m in methods]
-            + [fmt_ratio(result["ratios"][str(T)][key]) for key, _ in columns] for T in result["steps"]]
-    lines = [
-        "# Generation speed (paper Figure 5)",
-        "",
-        f"Seconds to generate a batch of {result['batch']} sequences of n = {result['n']} tokens, median of "
-        f"{result['repeats']} runs (runs over {result['long_run_s']:g} s are not repeated). Models of equal size: "
-        f"{size['n_layer']} layers, width {size['n_embd']}, {size['n_head']} heads, vocabulary {size['vocab_size']}"
-        f" ({'checkpoints: ' + ', '.join(result['checkpoints']) if result['checkpoints'] else 'random weights'}).",
-        describe_environment(env),
-        "",
-        markdown_table(headers, rows),
-    ]
-    gpt = _get(result, "gpt", result["n"])
-    if gpt is not None:
-        line = f"AR gpt with KV cache, {result['n']} steps (one token per step): {fmt_seconds(gpt)}"
-        at_n = result["ratios"].get(str(result["n"]), {}).get("aogpt/gpt")
-        if at_n is not None:
-            line += f"; AO-GPT at T = {result['n']} ÷ gpt: {fmt_ratio(at_n)}"
-        lines += ["", line + "."]
-    lines += ["", "Targets (issue 6):", *[t["line"] for t in result["targets"]]]
-    return "\n".join(lines)

@@ -15,7 +15,10 @@ STYLE = {  # method -> (label, colour, marker, line style)
     "aogpt-nocache": ("AO-GPT without KV cache", "tab:pink", "s", "--"),
     "encoder": ("encoder-only MDM (no-op skipping)", "tab:blue", "D", "-"),
     "encoder-noskip": ("encoder-only MDM (no skipping)", "tab:cyan", "^", "--"),
+    "encoder-est": ("encoder-only MDM (estimated: T x one pass)", "tab:blue", "D", ":"),
 }
+AT_N = {"gpt": ("our GPT (KV cache, n steps)", "0.2", "*"),
+        "hf-gpt2": ("transformers GPT-2 (n steps)", "tab:green", "P")}
 
 
 def plot_generation(result: dict[str, Any], out_png: Path) -> Path | None:
@@ -28,16 +31,17 @@ def plot_generation(result: dict[str, Any], out_png: Path) -> Path | None:
         plt = _pyplot()
         fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=120)
         for method, times in result["seconds"].items():
-            if method == "gpt" or not times:
+            if method in AT_N or not times:
                 continue
             label, color, marker, ls = STYLE.get(method, (method, None, "o", "-"))
             pts = [(t, times[str(t)]) for t in steps if times.get(str(t)) is not None]
             if pts:
                 ax.plot(*zip(*pts, strict=True), ls, marker=marker, color=color, label=label)
-        gpt = result["seconds"].get("gpt", {}).get(str(result["n"]))
-        if gpt is not None:
-            ax.axhline(gpt, color="0.3", ls=":", lw=1)
-            ax.plot([result["n"]], [gpt], "*", color="0.2", ms=10, label=f"AR GPT (KV cache, {result['n']} steps)")
+        for method, (label, color, marker) in AT_N.items():
+            t = result["seconds"].get(method, {}).get(str(result["n"]))
+            if t is not None:
+                ax.axhline(t, color=color, ls=":", lw=1)
+                ax.plot([result["n"]], [t], marker, color=color, ms=10, label=label)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(steps, [str(t) for t in steps])

@@ -44,15 +44,19 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=_missing)
 
     g = sub.add_parser("generate", help="generation time against steps T: AO-GPT, encoder MDM, AR gpt",
-                       description="Time AO-GPT (KV cache + Lemma 4.1), AO-GPT without cache, the encoder-only MDM "
-                       "with and without no-op skipping and the AR gpt, at equal size, batch and n, over T; "
-                       "writes DIR/generate.md, .json and .png (paper Figure 5). " + EPILOG)
+                       description="Time AO-GPT (KV cache + Lemma 4.1, and the count schedule), AO-GPT without cache, "
+                       "the encoder-only MDM with and without no-op skipping, our left-to-right GPT and transformers' "
+                       "GPT-2, at equal size, batch and n, side by side, over T; writes DIR/generate.md, .json and "
+                       ".png (paper Figure 5). " + EPILOG)
     g.add_argument("--n", type=int, default=None, help="sequence length (default 256; try 1024 on a GPU)")
     g.add_argument("--batch", type=int, default=None, help="sequences per batch (default 8)")
     g.add_argument("--steps", default=None, metavar="T,T,...", help="generation steps (default 16,32,64,128,256)")
     g.add_argument("--methods", default=None, metavar="M,M,...",
-                   help="aogpt, aogpt-count, aogpt-nocache, encoder, encoder-noskip, gpt (default: all but "
-                   "aogpt-count)")
+                   help="aogpt, aogpt-count, aogpt-nocache, encoder, encoder-noskip, encoder-est (T x one timed "
+                   "pass: for long n), gpt, hf-gpt2 (transformers GPT-2; default: all but encoder-est)")
+    g.add_argument("--top-p", type=float, default=1.0,
+                   help="nucleus sampling threshold for every contender (default 1)")
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for every contender")
     g.add_argument("--repeats", type=int, default=None, help="runs per measurement, median reported (default 3)")
     g.add_argument("--long-run", type=float, default=20.0, metavar="S",
                    help="measurements whose first run takes longer than S seconds are not repeated (default 20)")
@@ -148,12 +152,21 @@ def _size(args: argparse.Namespace, quick: Any) -> Any:
 
 
 def _setup(args: argparse.Namespace) -> None:
+    """Threads: as asked, else 1 when the machine is busier than it has CPUs (torch's threads would
+    then wait on each other and timings swing by an order of magnitude)."""
+    import os
+    import sys
+
     import torch
 
     if args.threads is not None:
         if args.threads < 1:
             raise AOGPTError(f"--threads must be >= 1, got {args.threads}", "e.g. --threads 2")
         torch.set_num_threads(args.threads)
+    elif hasattr(os, "getloadavg") and os.getloadavg()[0] > (os.cpu_count() or 1):
+        torch.set_num_threads(1)
+        print(f"the machine is busy (load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs): timing with 1 "
+              "thread (--threads N to choose)", file=sys.stderr)
 
 
 def _report(args: argparse.Namespace, command: str, result: dict[str, Any], markdown: str) -> int:
@@ -187,18 +200,20 @@ def run_generate(args: argparse.Namespace) -> int:
         else list(bg.DEFAULT_METHODS)
     n = _pick(args.n, q, "n", 256, args.quick)
     repeats = _pick(args.repeats, q, "repeats", 3, args.quick)
-    total = repeats * sum(1 if m == "gpt" else len([t for t in steps if t <= n]) for m in methods)
+    total = repeats * sum(len(steps) if bg.METHODS[m].every_t else 1 for m in methods)
     bar, update = _bar(total, args, "bench generate")
     try:
         result = bg.bench_generate(
             n=n, batch=_pick(args.batch, q, "batch", 8, args.quick), steps=steps, size=_size(args, q["size"]),
-            methods=methods, repeats=repeats, long_run=args.long_run,
+            methods=methods, repeats=repeats, long_run=args.long_run, top_p=args.top_p, temperature=args.temperature,
             device=args.device, seed=args.seed,
             checkpoints=parse_checkpoints(args.checkpoint, ("aogpt", "gpt", "encoder-mdm")), out=args.out,
             progress=update)
     finally:
         bar.close()
-    return _report(args, "bench generate", result, bg.to_markdown(result))
+    from aogpt.bench.generate_report import to_markdown
+
+    return _report(args, "bench generate", result, to_markdown(result))
 
 
 def run_density(args: argparse.Namespace) -> int:

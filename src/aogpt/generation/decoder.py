@@ -48,6 +48,12 @@ from aogpt.kv_cache import PackedSlots
 from aogpt.sampling import SamplingConfig, sample_tokens
 
 
+def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean attention mask as the additive one attention uses (0 where allowed, -inf elsewhere),
+    converted once when the step is planned rather than in every layer."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
 def step_mask(cols: torch.Tensor, decided: int | torch.Tensor, span: int) -> torch.Tensor:
     """Who a step's rows may attend to: the row at cache column `col` sees the decided columns
     c < decided up to itself (catch-ups are causal) and itself (a query sees no other query).
@@ -88,8 +94,9 @@ class Step:
 class _Planner:
     """Turns per-step counts into `Step`s, tracking each sequence's decided (g) and cached (L) slots."""
 
-    def __init__(self, B: int, n: int, m: int, use_cache: bool, pos: torch.Tensor, tgt: torch.Tensor):
-        self.B, self.n, self.use_cache, self.pos, self.tgt = B, n, use_cache, pos, tgt
+    def __init__(self, B: int, n: int, m: int, use_cache: bool, pos: torch.Tensor, tgt: torch.Tensor,
+                 dtype: torch.dtype):
+        self.B, self.n, self.use_cache, self.pos, self.tgt, self.dtype = B, n, use_cache, pos, tgt, dtype
         self.dev = pos.device
         self.L = np.zeros(B, dtype=np.int64)
         self.g = np.full(B, m, dtype=np.int64)
@@ -117,7 +124,7 @@ class _Planner:
         content = np.minimum(cols, g)
         b = np.arange(B)[:, None]
         cols_t = self._t(cols)
-        mask = None if S == 1 else step_mask(cols_t, g, L + S)[None, None]
+        mask = None if S == 1 else additive(step_mask(cols_t, g, L + S)[None, None], self.dtype)
         select = None if c == 0 else self._t(c + np.arange(k)).expand(B, k)
         query = g + np.arange(k)
         return Step(self._t(b * (n + 2) + content), self.pos[:, self._t(content)], self.tgt[:, cols_t], L, mask, select,
@@ -143,7 +150,8 @@ class _Planner:
         where = PackedSlots(b_t, col_t, self._t(b * W + s), W)
         qb, qcol = b[query], col[query]
         return Step(self._t(b * (n + 2) + content)[None], self.pos[b_t, self._t(content)][None],
-                    self.tgt[b_t, col_t][None], where, mask[:, None], self._t(np.nonzero(query)[0])[None],
+                    self.tgt[b_t, col_t][None], where, additive(mask[:, None], self.dtype),
+                    self._t(np.nonzero(query)[0])[None],
                     self._t(qb * (n + 2) + qcol + 1), self._t(qb * n + qcol), int(query.sum()), R, B * W - R)
 
 
@@ -156,7 +164,7 @@ class _Planner:
         content = np.minimum(cols, g[:, None])
         b = np.arange(B)[:, None]
         cols_t, g_t = self._t(cols), self._t(g)[:, None]
-        mask = step_mask(cols_t, g_t, W)[:, None]
+        mask = additive(step_mask(cols_t, g_t, W)[:, None], self.dtype)
         j = np.arange(Q)
         real = j < k[:, None]
         select = np.where(real, g[:, None] + j, 0)
@@ -168,11 +176,12 @@ class _Planner:
                     self._t(qb * Q + qj))
 
 
-def plan_steps(counts: np.ndarray, m: int, use_cache: bool, pos: torch.Tensor, tgt: torch.Tensor) -> list[Step]:
-    """Every forward of a batch decoded with `counts` (B, T) revealed per step, `m` known tokens first.
-    Steps that reveal nothing run no forward (pending catch-ups simply wait)."""
+def plan_steps(counts: np.ndarray, m: int, use_cache: bool, pos: torch.Tensor, tgt: torch.Tensor,
+               dtype: torch.dtype = torch.float32) -> list[Step]:
+    """Every forward of a batch decoded with `counts` (B, T) revealed per step, `m` known tokens first
+    (attention masks in `dtype`). Steps that reveal nothing run no forward (pending catch-ups wait)."""
     B, n = pos.shape[0], pos.shape[1] - 1
-    planner = _Planner(B, n, m, use_cache, pos, tgt)
+    planner = _Planner(B, n, m, use_cache, pos, tgt, dtype)
     return [planner.step(counts[:, i]) for i in range(counts.shape[1]) if counts[:, i].any()]
 
 
@@ -191,7 +200,7 @@ class DecoderSampler:
         self.ychain[:, 1:m + 1] = known
         pos = torch.cat([torch.zeros_like(chain[:, :1]), chain + 1], dim=1)
         tgt = torch.cat([chain, torch.full_like(chain[:, :1], model.config.block_size)], dim=1)
-        self.steps = plan_steps(plan, m, use_cache, pos, tgt)
+        self.steps = plan_steps(plan, m, use_cache, pos, tgt, next(model.parameters()).dtype)
         self.cache = model.setup_cache(B, n + 1) if use_cache else None
         self.conditions = None if use_cache else model.conditions()  # adaLN tables, computed once
         self.logits: torch.Tensor | None = None

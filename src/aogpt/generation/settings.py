@@ -2,9 +2,10 @@
 
 `GenerationSettings` = how each token is drawn (`SamplingConfig`: temperature, top-p, top-k,
 greedy, precision) + how the positions are revealed (`DecodePlan`: steps, policy, schedule, order)
-+ how the work is run (batch size, KV cache). `aogpt.generate.generate(model, settings=...)` takes
-it; the familiar keyword arguments (``temperature=0.8, steps=32, ...``) are shortcuts that override
-single fields (`GenerationSettings.with_overrides`).
++ how the work is run (batch size, KV cache, pre-packed weights on the CPU).
+`aogpt.generate.generate(model, settings=...)` takes it; the familiar keyword arguments
+(``temperature=0.8, steps=32, ...``) are shortcuts that override single fields
+(`GenerationSettings.with_overrides`).
 """
 
 from __future__ import annotations
@@ -53,10 +54,11 @@ class GenerationSettings:
     plan: DecodePlan = field(default_factory=DecodePlan)
     batch_size: int = 32
     use_cache: bool = True
+    prepack: bool = True  # CPU: decode-path weights packed once for oneDNN (`aogpt.inference`)
 
     SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "greedy", "dtype")
     PLAN_FIELDS = ("steps", "policy", "schedule", "order")
-    RUN_FIELDS = ("batch_size", "use_cache")
+    RUN_FIELDS = ("batch_size", "use_cache", "prepack")
 
     def with_overrides(self, **overrides: Any) -> GenerationSettings:
         """A copy with single fields replaced by their keyword names (``temperature=0.8,
@@ -78,7 +80,7 @@ class GenerationSettings:
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.plan.to_dict(), **self.sampling.to_dict(), "batch_size": self.batch_size,
-                "use_cache": self.use_cache}
+                "use_cache": self.use_cache, "prepack": self.prepack}
 
 
 def settings_from(settings: GenerationSettings | None, **overrides: Any) -> GenerationSettings:

@@ -1,0 +1,116 @@
+"""Ratios and the markdown report of `aogpt bench generate`, in users' words.
+
+Every ratio divides two medians measured side by side in the same run; nothing is compared with
+figures measured elsewhere. The paper's own result is quoted for orientation, with its setting.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aogpt.bench.common import describe_environment, fmt_ratio, fmt_seconds, markdown_table
+
+PAPER = ("the paper reports about 25x for AO-GPT against SEDD, an encoder-only MDM, at n = 1024 and batch 32 "
+         "on a GPU (its Figure 5 and Finding 8.1)")
+PER_T = (("encoder/aogpt", "encoder ÷ AO-GPT"), ("encoder-est/aogpt", "encoder (est.) ÷ AO-GPT"),
+         ("aogpt-nocache/aogpt", "no cache ÷ cache"), ("encoder-noskip/encoder", "no skip ÷ skip"))
+AT_N = ("aogpt/gpt", "aogpt-count/gpt", "aogpt/hf-gpt2", "aogpt-count/hf-gpt2", "gpt/hf-gpt2")
+
+
+def _get(result: dict[str, Any], key: str, method: str, T: int) -> float | None:
+    return result[key].get(method, {}).get(str(T))
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b <= 0 else a / b
+
+
+def ratios(result: dict[str, Any], key: str = "seconds") -> dict[str, dict[str, float | None]]:
+    """Per T the per-step ratios (PER_T); under "n" the ratios of contenders at T = n (AT_N)."""
+    n = result["n"]
+    out: dict[str, dict[str, float | None]] = {}
+    for T in result["steps"]:
+        out[str(T)] = {name: _ratio(_get(result, key, name.split("/")[0], T), _get(result, key, name.split("/")[1], T))
+                       for name, _ in PER_T}
+    out["n"] = {}
+    for name in AT_N:
+        a, b = name.split("/")
+        out["n"][name] = _ratio(_get(result, key, a, n), _get(result, key, b, n))
+    return out
+
+
+def findings(result: dict[str, Any]) -> list[str]:
+    """One sentence per ratio that was measured, by wall time (CPU time in brackets)."""
+    n, r, c, lines = result["n"], result["ratios"], result["cpu_ratios"], []
+    T = max(result["steps"])
+
+    def both(part: str, name: str) -> str | None:
+        wall, cpu = r[part].get(name), c[part].get(name)
+        return None if wall is None else f"{fmt_ratio(wall)} (CPU time {fmt_ratio(cpu)})"
+
+    for name, what in (("encoder/aogpt", "measured"), ("encoder-est/aogpt", "estimated as T x one timed pass")):
+        got = both(str(T), name)
+        if got:
+            lines.append(f"- The encoder-only MDM ({what}) took {got} as long as AO-GPT with its KV cache and "
+                         f"Lemma 4.1 at T = {T}, n = {n}, batch {result['batch']}; {PAPER}.")
+    said = {"aogpt/gpt": "AO-GPT (Bernoulli, T = n) ÷ our left-to-right GPT with its KV cache",
+            "aogpt-count/gpt": "AO-GPT (one token per step) ÷ our GPT",
+            "aogpt/hf-gpt2": "AO-GPT (Bernoulli, T = n) ÷ transformers GPT-2 generate()",
+            "aogpt-count/hf-gpt2": "AO-GPT (one token per step) ÷ transformers GPT-2 generate()",
+            "gpt/hf-gpt2": "our GPT ÷ transformers GPT-2 generate()"}
+    for name in AT_N:
+        got = both("n", name)
+        if got:
+            lines.append(f"- {said[name]}: {got}.")
+    got = both(str(T), "aogpt-nocache/aogpt")
+    if got:
+        lines.append(f"- The KV cache makes AO-GPT {got} faster than recomputing every step at T = {T}.")
+    return lines
+
+
+def to_markdown(result: dict[str, Any]) -> str:
+    methods = [m for m in result["methods"] if m not in ("gpt", "hf-gpt2")]
+    size, env = result["size"], result["environment"]
+    columns = [(key, label) for key, label in PER_T if all(m in result["methods"] for m in key.split("/"))]
+    headers = ["T"] + [f"{m} (wall / CPU)" for m in methods] + [label for _, label in columns]
+    rows = [[str(T)] + [f"{fmt_seconds(_get(result, 'seconds', m, T))} / "
+                        f"{fmt_seconds(_get(result, 'cpu_seconds', m, T))}" for m in methods]
+            + [fmt_ratio(result["ratios"][str(T)][key]) for key, _ in columns] for T in result["steps"]]
+    lines = [
+        "# Generation speed (the paper's Figure 5)",
+        "",
+        f"Seconds to generate a batch of {result['batch']} sequences of n = {result['n']} tokens (wall / CPU time), "
+        f"median of {result['repeats']} interleaved runs (runs over {result['long_run_s']:g} s are not repeated), "
+        f"sampling with top-p {result['top_p']:g}, temperature {result['temperature']:g}. Models of equal size: "
+        f"{size['n_layer']} layers, width {size['n_embd']}, {size['n_head']} heads, vocabulary {size['vocab_size']}"
+        f" ({'checkpoints: ' + ', '.join(result['checkpoints']) if result['checkpoints'] else 'random weights'}).",
+        describe_environment(env),
+        "",
+        markdown_table(headers, rows),
+        "",
+        "One token per step (T = n):",
+        "",
+        markdown_table(["contender", "wall", "CPU"],
+                       [[result["labels"][m], fmt_seconds(_get(result, "seconds", m, result["n"])),
+                         fmt_seconds(_get(result, "cpu_seconds", m, result["n"]))]
+                        for m in result["methods"] if _get(result, "seconds", m, result["n"]) is not None]),
+        "",
+        "Work done (forward passes; slot evaluations: real + padding):",
+        "",
+        markdown_table(["contender", *[f"T = {T}" for T in result["steps"]]],
+                       [[m, *[_work(result, m, T) for T in result["steps"]]] for m in result["methods"]
+                        if result["forwards"].get(m)]),
+        "",
+        "What this run shows:",
+        *findings(result),
+    ]
+    for m, why in result.get("skipped", {}).items():
+        lines.append(f"- {m} was not run: {why}.")
+    return "\n".join(lines)
+
+
+def _work(result: dict[str, Any], m: str, T: int) -> str:
+    forwards = result["forwards"][m].get(str(T))
+    if forwards is None:
+        return "-"
+    return f"{forwards} fwd; {result['slots'][m][str(T)]:,} + {result['padded_slots'][m][str(T)]:,}"
