@@ -338,3 +338,32 @@ def test_bad_templates_and_variants():
         infill(model, {0: 1})
     with pytest.raises(AOGPTError, match="Transformer"):
         generate(torch.nn.Linear(2, 2), num_samples=1)
+
+
+# ----------------------------------------------------------------------------- execution paths
+@pytest.mark.parametrize("policy", ["bernoulli", "count"])
+def test_prepacked_flex_and_compiled_steps_give_the_same_tokens(policy):
+    """Every way of running a decode step (oneDNN pre-packed weights on the CPU, FlexAttention,
+    torch.compile'd steps) samples what the reference path (SDPA, plain weights, eager) samples."""
+    model = tiny_model("aogpt", vocab=32, block=12, dtype=torch.float32)
+    kw = dict(num_samples=5, length=12, steps=5, policy=policy, seed=11, batch_size=5, record_logits=True)
+    ref = generate(model, prepack=False, **kw)
+    for variant in (dict(prepack=True), dict(prepack=False, attention="flex"),
+                    dict(prepack=False, compile="aot_eager")):
+        got = generate(model, **variant, **kw)
+        assert torch.equal(got.tokens, ref.tokens), variant
+        torch.testing.assert_close(got.logits, ref.logits, atol=2e-5, rtol=0, equal_nan=True)
+
+
+def test_packed_steps_do_only_the_real_work():
+    """Lemma 4.1's ragged steps: every real slot is evaluated once, padding exists only in attention:
+    per sequence n queries plus one catch-up for every token revealed after the first of its step,
+    except in the last step (nothing follows it)."""
+    model = tiny_model("aogpt", vocab=11, block=12)
+    res = generate(model, num_samples=6, length=12, steps=12, policy="bernoulli", seed=2, batch_size=6)
+    counts = res.step_counts
+    revealing = (counts > 0).sum(1)
+    last = counts.gather(1, (torch.arange(12) * (counts > 0)).argmax(1, keepdim=True))[:, 0]
+    assert res.timing["slot_evaluations"] == int((12 + (12 - revealing) - (last - 1)).sum())
+    count = generate(model, num_samples=6, length=12, steps=12, policy="count", seed=2, batch_size=6)
+    assert count.timing["slot_evaluations"] == 6 * 12 and count.timing["padded_slots"] == 0

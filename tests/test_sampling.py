@@ -9,8 +9,14 @@ from scipy import stats
 
 from aogpt import sampling
 from aogpt.errors import AOGPTError
-from aogpt.sampling import SamplingConfig, categorical, probabilities, sample_tokens, top_k_filter, top_p_filter
+from aogpt.sampling import SamplingConfig, categorical, probabilities, sample_tokens, top_k_filter, top_p_mask
 from tests.helpers import reference_expected
+
+
+def top_p_filter(probs: torch.Tensor, p: float, use_numpy: bool | None = None) -> torch.Tensor:
+    """The reference top-p rule on probabilities: the kept ones, renormalised."""
+    out = probs * top_p_mask(probs, p, use_numpy)
+    return out / out.sum(dim=-1, keepdim=True)
 
 
 def test_top_p_matches_reference_vectors():
@@ -19,7 +25,7 @@ def test_top_p_matches_reference_vectors():
     want = torch.from_numpy(exp["topp_probs_filtered_f32"])
     got = top_p_filter(probs_in, float(exp["topp_p"]))
     torch.testing.assert_close(got, want, atol=1e-7, rtol=0)
-    assert torch.equal(got > 0, want > 0)
+    assert torch.equal(got > 0, want > 0) and (got == 0).any()  # the rule really dropped tokens here
     # in float64 the same tokens survive
     got64 = top_p_filter(probs_in.double(), float(exp["topp_p"]))
     assert torch.equal(got64 > 0, want > 0)
@@ -109,19 +115,22 @@ def test_bad_sampling_settings(kw, match):
 
 
 @pytest.mark.parametrize("numpy_sort", [True, False])
-def test_top_p_mask_brute_force_and_ties(monkeypatch, numpy_sort):
-    monkeypatch.setattr(sampling, "NUMPY_SORT_ON_CPU", numpy_sort)  # False: the GPU code path
+@pytest.mark.parametrize("vocab,partial", [(50, 64), (200, 16), (200, 2)])
+def test_top_p_mask_brute_force_and_ties(monkeypatch, numpy_sort, vocab, partial):
+    """Both code paths (numpy on the CPU, torch elsewhere), with the partial sort covering the nucleus
+    or not (rows sorted whole), against the brute-force rule."""
+    monkeypatch.setattr(sampling, "PARTIAL", partial)
     gen = torch.Generator().manual_seed(3)
     for _ in range(20):
-        logits = torch.randn(4, 50, generator=gen, dtype=torch.float64) * 3
+        logits = torch.randn(4, vocab, generator=gen, dtype=torch.float64) * 3
         logits[:, 10:14] = logits[:, 10:11]  # exact ties
         probs = torch.softmax(logits, -1)
         for p in (0.05, 0.5, 0.9, 0.999):
-            got = top_p_filter(probs, p).numpy()
+            got = top_p_filter(probs, p, numpy_sort).numpy()
             for row, pr in zip(got, probs.numpy(), strict=True):
                 np.testing.assert_allclose(row, brute_top_p(pr, p), atol=1e-14)
     tied = torch.tensor([[0.3, 0.3, 0.3, 0.1]], dtype=torch.float64)
-    assert (top_p_filter(tied, 0.65) > 0).tolist() == [[True, True, False, False]]  # lowest ids win ties
+    assert (top_p_filter(tied, 0.65, numpy_sort) > 0).tolist() == [[True, True, False, False]]  # lowest ids win
 
 
 def test_categorical_never_draws_zero_weights():

@@ -81,7 +81,7 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
              length: int | None = None, prompt: Any = None, seed: int | None = None, tokenizer: Any = None,
              return_text: bool | None = None, teacher_tokens: torch.Tensor | None = None,
              record_logits: bool = False, progress: Callable[[int], None] | None = None,
-             condition: Conditioning | None = None, skip_noop: bool = True, **overrides: Any) -> GenerationResult:
+             condition: Conditioning | None = None, **overrides: Any) -> GenerationResult:
     """Sample `num_samples` sequences of `length` tokens (default: the model's context).
 
     settings: a `GenerationSettings`; keyword shortcuts override its fields (None: keep): steps (T
@@ -89,10 +89,11 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
     where several tokens per step are possible; "count": deterministic), schedule ("linear" or
     "cosine"), order (an `aogpt.orders` spec, default "random", or permutations (n,) / (N, n)),
     temperature, top_p, top_k, greedy, dtype (precision of the draw, default float64),
-    batch_size (default 32), use_cache, prepack (CPU: decode weights packed once, `aogpt.inference`).
+    batch_size (default 32), use_cache, prepack (CPU: decode weights packed once, `aogpt.inference`),
+    attention ("sdpa" or "flex"), compile (torch.compile the decode step), skip_noop (an encoder
+    skips the forward of steps that reveal nothing, docs/encoder.md).
     prompt: a prefix (text, needs `tokenizer`, or ids). teacher_tokens (N, n): feed these back instead
-    of sampling (tests); record_logits keeps every query's logits. skip_noop: an encoder skips the
-    forward of steps that reveal nothing (docs/encoder.md). See docs/generation.md.
+    of sampling (tests); record_logits keeps every query's logits. See docs/generation.md.
     """
     model = _check_model(model)
     fam = family_of(model)
@@ -147,8 +148,8 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
                 plan = step_counts(policy, plan_cfg.schedule, steps, masked, B, gens.plan)
                 chain_d = chain.to(device)
                 teacher = None if teacher_tokens is None else teacher_tokens[start:start + B].gather(1, chain_d)
-                sampler = fam.sampler(runner, chain_d, known_chain, plan, use_cache=settings.use_cache,
-                                      teacher=teacher, record=record_logits, skip_noop=skip_noop)
+                sampler = fam.sampler(runner, chain_d, known_chain, plan, settings, teacher=teacher,
+                                      record=record_logits)
                 y = sampler.run(cfg, gens.tokens, progress)
                 tokens.append(torch.empty_like(y).scatter_(1, chain_d, y).cpu())
                 orders.append(chain)

@@ -40,6 +40,32 @@ class Conditions:
     final: torch.Tensor
 
 
+ATTENTION = ("sdpa", "flex")
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+              kind: str = "sdpa") -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + mask) v. ``sdpa``: torch's scaled_dot_product_attention (the
+    reference path); ``flex``: FlexAttention with the additive mask as a score modification (fast
+    only under torch.compile, where it is fused)."""
+    if kind == "flex" and mask is not None:
+        import warnings
+
+        from torch.nn.attention.flex_attention import flex_attention
+
+        if mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+        mask = mask.expand(q.shape[0], *mask.shape[1:])  # one row per sequence, as score_mod indexes it
+
+        def add_mask(score, b, h, q_idx, kv_idx):
+            return score + mask[b, 0, q_idx, kv_idx]
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # eager FlexAttention warns that it is unfused
+            return flex_attention(q, k, v, score_mod=add_mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 @dataclass
 class PackedSlots:
     """Where the rows of a packed forward go: row r belongs to sequence `batch[r]`, writes its keys
@@ -57,12 +83,14 @@ class KVCache:
     set up from."""
 
     def __init__(self, n_layer: int, batch: int, n_head: int, capacity: int, head_dim: int,
-                 device: torch.device | str, dtype: torch.dtype, conditions: Conditions | None = None):
+                 device: torch.device | str, dtype: torch.dtype, conditions: Conditions | None = None,
+                 attention: str = "sdpa"):
         shape = (n_layer, batch, n_head, capacity, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.batch, self.capacity = batch, capacity
         self.conditions = conditions
+        self.attention = attention
         self._rows = torch.arange(batch, device=device)[:, None]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -72,7 +100,7 @@ class KVCache:
         if not isinstance(cache_pos, PackedSlots):
             span = attn_mask.shape[-1] if attn_mask is not None else cache_pos + q.shape[2]
             k, v = self.update(layer, k, v, cache_pos, span)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+            return attention(q, k, v, attn_mask, self.attention)
         where, H, D = cache_pos, q.shape[1], q.shape[3]
         kc, vc = self.k[layer], self.v[layer]
         kc[where.batch, :, where.column] = k[0].transpose(0, 1)
@@ -80,7 +108,7 @@ class KVCache:
         span = attn_mask.shape[-1]
         padded = q.new_zeros(self.batch * where.width, H, D).index_copy_(0, where.pad, q[0].transpose(0, 1))
         padded = padded.view(self.batch, where.width, H, D).transpose(1, 2)
-        y = F.scaled_dot_product_attention(padded, kc[:, :, :span], vc[:, :, :span], attn_mask=attn_mask)
+        y = attention(padded, kc[:, :, :span], vc[:, :, :span], attn_mask, self.attention)
         return y.transpose(1, 2).reshape(-1, H, D).index_select(0, where.pad).transpose(0, 1)[None]
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, cache_pos: int | torch.Tensor,

@@ -411,9 +411,10 @@ class Transformer(nn.Module):
         logits = self.forward_slots(*self.slots_for_order(idx, order, with_last_slot))
         return logits, token_nll(logits[:, :n], idx.gather(1, order))
 
-    def setup_cache(self, batch: int, capacity: int | None = None) -> KVCache:
+    def setup_cache(self, batch: int, capacity: int | None = None, attention: str = "sdpa") -> KVCache:
         """A static KV cache for `batch` sequences of up to `capacity` slots (default: the context
-        plus the start slot and one scratch column), with the adaLN tables of the current weights."""
+        plus the start slot and one scratch column), with the adaLN tables of the current weights;
+        `attention` picks the kernel decode steps use (`aogpt.kv_cache.attention`)."""
         cfg, p = self.config, next(self.parameters())
         return KVCache(cfg.n_layer, batch, cfg.n_head, capacity or cfg.block_size + 2, cfg.head_dim, p.device,
-                       p.dtype, self.conditions())
+                       p.dtype, self.conditions(), attention)

@@ -110,10 +110,11 @@ class ModelFamily:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ generation
-    def sampler(self, model: nn.Module, chain: torch.Tensor, known: torch.Tensor, plan: Any, *,
-                use_cache: bool, teacher: torch.Tensor | None, record: bool, skip_noop: bool) -> Any:
-        """The sampler that decodes one batch along fixed chain orders with a per-step plan
-        (`aogpt.generation.decoder.DecoderSampler` or the encoder's reverse process)."""
+    def sampler(self, model: nn.Module, chain: torch.Tensor, known: torch.Tensor, plan: Any, settings: Any, *,
+                teacher: torch.Tensor | None = None, record: bool = False) -> Any:
+        """The sampler that decodes one batch along fixed chain orders with a per-step plan and the
+        run settings of a `GenerationSettings` (`aogpt.generation.decoder.DecoderSampler` or the
+        encoder's reverse process)."""
         raise NotImplementedError
 
     def check_generation(self, *, policy: str, counts: Callable[[], list[int]], order: Any,

@@ -47,10 +47,9 @@ class DecoderFamily(ModelFamily):
         l2r = model(idx)[1].sum()
         return l2r, (model(idx, order)[1].sum() if self.any_order else None)
 
-    def sampler(self, model: nn.Module, chain: torch.Tensor, known: torch.Tensor, plan, *, use_cache: bool,
-                teacher: torch.Tensor | None, record: bool, skip_noop: bool) -> DecoderSampler:
-        del skip_noop  # a decoder step that reveals nothing runs no forward anyway
-        return DecoderSampler(model, chain, known, plan, use_cache, teacher, record)
+    def sampler(self, model: nn.Module, chain: torch.Tensor, known: torch.Tensor, plan, settings, *,
+                teacher: torch.Tensor | None = None, record: bool = False) -> DecoderSampler:
+        return DecoderSampler(model, chain, known, plan, settings, teacher, record)
 
 
 # GPT-2 blocks, left to right, tied head: the paper's AR control.

@@ -285,9 +285,9 @@ class EncoderFamily(ModelFamily):
     def validation_losses(self, model, idx, order):
         return validation_losses(model, idx, order)
 
-    def sampler(self, model, chain, known, plan, *, use_cache, teacher, record, skip_noop):
-        del use_cache  # an encoder has no KV cache: every step is a full pass
-        return EncoderSampler(model, chain, known, plan, teacher, record, skip_noop)
+    def sampler(self, model, chain, known, plan, settings, *, teacher=None, record=False):
+        # an encoder has no KV cache: every step is a full pass
+        return EncoderSampler(model, chain, known, plan, teacher, record, settings.skip_noop)
 
 
 # Encoder-only MDM (MDLM/RADD style): bidirectional, [MASK] slots, no time input.

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from aogpt.generation.settings import GenerationSettings
 from aogpt.kv_cache import PackedSlots
 from aogpt.sampling import SamplingConfig, sample_tokens
 
@@ -185,11 +186,22 @@ def plan_steps(counts: np.ndarray, m: int, use_cache: bool, pos: torch.Tensor, t
     return [planner.step(counts[:, i]) for i in range(counts.shape[1]) if counts[:, i].any()]
 
 
+def compiled(fn: Callable, how: bool | str, device: torch.device) -> Callable:
+    """`fn` itself, or torch.compile'd: ``True`` is inductor (CUDA graphs with mode reduce-overhead on
+    CUDA; shapes marked dynamic so a growing cache does not recompile every step); a string names a
+    backend (``aot_eager`` captures the graph without generating code: what the tests use)."""
+    if not how:
+        return fn
+    if isinstance(how, str):
+        return torch.compile(fn, backend=how, dynamic=True)
+    return torch.compile(fn, mode="reduce-overhead" if device.type == "cuda" else None, dynamic=True)
+
+
 class DecoderSampler:
     """One batch of sequences decoded along fixed chain orders with a fixed per-step plan."""
 
     def __init__(self, model: torch.nn.Module, chain: torch.Tensor, known: torch.Tensor, plan: np.ndarray,
-                 use_cache: bool, teacher: torch.Tensor | None, record: bool):
+                 settings: GenerationSettings, teacher: torch.Tensor | None = None, record: bool = False):
         B, n = chain.shape
         dev = chain.device
         m = known.numel()
@@ -200,8 +212,10 @@ class DecoderSampler:
         self.ychain[:, 1:m + 1] = known
         pos = torch.cat([torch.zeros_like(chain[:, :1]), chain + 1], dim=1)
         tgt = torch.cat([chain, torch.full_like(chain[:, :1], model.config.block_size)], dim=1)
+        use_cache = settings.use_cache
         self.steps = plan_steps(plan, m, use_cache, pos, tgt, next(model.parameters()).dtype)
-        self.cache = model.setup_cache(B, n + 1) if use_cache else None
+        self.cache = model.setup_cache(B, n + 1, settings.attention) if use_cache else None
+        self.forward = compiled(model.forward_slots, settings.compile, dev)
         self.conditions = None if use_cache else model.conditions()  # adaLN tables, computed once
         self.logits: torch.Tensor | None = None
         if record:
@@ -215,7 +229,7 @@ class DecoderSampler:
             progress: Callable[[int], None] | None) -> torch.Tensor:
         flat = self.ychain.view(-1)
         for step in self.steps:
-            logits = self.model.forward_slots(flat[step.gather], step.pos, step.target, attn_mask=step.mask,
+            logits = self.forward(flat[step.gather], step.pos, step.target, attn_mask=step.mask,
                                               cache=self.cache, cache_pos=step.cache_pos, select=step.select,
                                               conditions=self.conditions)
             logits = logits.reshape(-1, logits.shape[-1])

@@ -2,7 +2,8 @@
 
 `GenerationSettings` = how each token is drawn (`SamplingConfig`: temperature, top-p, top-k,
 greedy, precision) + how the positions are revealed (`DecodePlan`: steps, policy, schedule, order)
-+ how the work is run (batch size, KV cache, pre-packed weights on the CPU).
++ how the work is run (batch size, KV cache, pre-packed weights on the CPU, attention kernel,
+torch.compile).
 `aogpt.generate.generate(model, settings=...)` takes it; the familiar keyword arguments
 (``temperature=0.8, steps=32, ...``) are shortcuts that override single fields
 (`GenerationSettings.with_overrides`).
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aogpt.errors import AOGPTError, check_choice
+from aogpt.kv_cache import ATTENTION
 from aogpt.sampling import SamplingConfig
 from aogpt.schedules import POLICIES, SCHEDULES
 
@@ -55,10 +57,13 @@ class GenerationSettings:
     batch_size: int = 32
     use_cache: bool = True
     prepack: bool = True  # CPU: decode-path weights packed once for oneDNN (`aogpt.inference`)
+    attention: str = "sdpa"  # decode attention kernel: "sdpa" (reference) or "flex" (FlexAttention)
+    compile: bool | str = False  # torch.compile the decode step (True: inductor; or a backend name)
+    skip_noop: bool = True  # encoder: skip the forward of steps that reveal nothing (MDLM's trick)
 
     SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "greedy", "dtype")
     PLAN_FIELDS = ("steps", "policy", "schedule", "order")
-    RUN_FIELDS = ("batch_size", "use_cache", "prepack")
+    RUN_FIELDS = ("batch_size", "use_cache", "prepack", "attention", "compile", "skip_noop")
 
     def with_overrides(self, **overrides: Any) -> GenerationSettings:
         """A copy with single fields replaced by their keyword names (``temperature=0.8,
@@ -74,13 +79,15 @@ class GenerationSettings:
     def validate(self) -> GenerationSettings:
         self.sampling.validate()
         self.plan.validate()
+        check_choice("attention", self.attention, ATTENTION)
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise AOGPTError(f"batch size must be >= 1, got {self.batch_size}", "use e.g. --batch-size 8")
         return self
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.plan.to_dict(), **self.sampling.to_dict(), "batch_size": self.batch_size,
-                "use_cache": self.use_cache, "prepack": self.prepack}
+                "use_cache": self.use_cache, "prepack": self.prepack, "attention": self.attention,
+                "compile": self.compile}
 
 
 def settings_from(settings: GenerationSettings | None, **overrides: Any) -> GenerationSettings:
