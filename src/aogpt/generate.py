@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from aogpt.errors import AOGPTError
@@ -105,6 +106,7 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
     n, m = condition.length, condition.positions.numel()
     masked = n - m
     plan_cfg = settings.plan
+    speculative = plan_cfg.speculative
     policy = plan_cfg.policy or fam.default_policy
     steps = masked if plan_cfg.steps is None else int(plan_cfg.steps)
     if not 1 <= steps <= n:
@@ -112,6 +114,8 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
                          f"use e.g. --steps {masked}")
     if num_samples < 1:
         raise AOGPTError(f"num_samples must be >= 1, got {num_samples}", "ask for at least one sample")
+    if speculative is not None and (teacher_tokens is not None or record_logits):
+        raise AOGPTError("speculative decoding draws and verifies its own tokens", "drop teacher_tokens/record_logits")
     batch_size = min(num_samples, settings.batch_size)
     order_arg = plan_cfg.order if plan_cfg.order is not None else (None if fam.any_order else "l2r")
     order = resolve_order(order_arg, num_samples, n)
@@ -120,8 +124,9 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
         raise AOGPTError(f"tokenizer has {vocab_limit} ids but the model only {model.config.vocab_size}",
                          "use the tokenizer the model was trained with")
     cfg = dataclasses.replace(settings.sampling, vocab_limit=vocab_limit).validate()
-    fam.check_generation(policy=policy, counts=lambda: count_schedule(masked, steps, plan_cfg.schedule),
-                         order=order, known_positions=condition.positions)
+    if speculative is None:
+        fam.check_generation(policy=policy, counts=lambda: count_schedule(masked, steps, plan_cfg.schedule),
+                             order=order, known_positions=condition.positions)
     if seed is None:
         seed = int.from_bytes(os.urandom(8), "little") >> 2
     device = next(model.parameters()).device
@@ -145,15 +150,22 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
             for start in range(0, num_samples, batch_size):
                 B = min(batch_size, num_samples - start)
                 chain = chain_orders(base_orders(order, start, B, n, gens.plan), known_mask)
-                plan = step_counts(policy, plan_cfg.schedule, steps, masked, B, gens.plan)
                 chain_d = chain.to(device)
-                teacher = None if teacher_tokens is None else teacher_tokens[start:start + B].gather(1, chain_d)
-                sampler = fam.sampler(runner, chain_d, known_chain, plan, settings, teacher=teacher,
-                                      record=record_logits)
+                if speculative is not None:
+                    sampler = fam.speculative_sampler(runner, chain_d, known_chain, settings, speculative)
+                else:
+                    plan = step_counts(policy, plan_cfg.schedule, steps, masked, B, gens.plan)
+                    teacher = None if teacher_tokens is None else teacher_tokens[start:start + B].gather(1, chain_d)
+                    sampler = fam.sampler(runner, chain_d, known_chain, plan, settings, teacher=teacher,
+                                          record=record_logits)
                 y = sampler.run(cfg, gens.tokens, progress)
                 tokens.append(torch.empty_like(y).scatter_(1, chain_d, y).cpu())
                 orders.append(chain)
-                plans.append(torch.from_numpy(plan))
+                plans.append(torch.from_numpy(plan) if speculative is None
+                             else torch.from_numpy(np.stack(sampler.revealed, axis=1)))
+                if speculative is not None:
+                    _add_speculation(stats, sampler)
+                    stats["sequence_forwards"] = stats.get("sequence_forwards", 0) + B * sampler.forwards
                 if sampler.logits is not None:
                     logits.append(sampler.logits.cpu())
                 stats["forwards"] += sampler.forwards
@@ -169,13 +181,33 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
     if want_text and tokenizer is None:
         raise AOGPTError("return_text needs a tokenizer", "pass tokenizer=... or use aogpt.load(...).generate")
     texts = [tokenizer.decode(row) for row in out_tokens] if want_text else None
-    timing = {"seconds": seconds, "tokens_per_second": num_samples * masked / max(seconds, 1e-9), **stats}
-    report = {"num_samples": num_samples, "length": n, "known_tokens": m, "steps": steps, "policy": policy,
+    speculation = {}
+    if speculative is not None:
+        verified, accepted = stats.pop("verified_by_position", {}), stats.pop("accepted_by_position", {})
+        # per sequence: the tokens a forward pass reveals for it (a batch's forward serves all its sequences)
+        speculation = {"tokens_per_forward": num_samples * masked / max(stats.pop("sequence_forwards"), 1),
+                       "acceptance_by_position": {j: accepted[j] / verified[j] for j in sorted(verified, key=int)}}
+    timing = {"seconds": seconds, "tokens_per_second": num_samples * masked / max(seconds, 1e-9), **stats,
+              **speculation}
+    report = {"num_samples": num_samples, "length": n, "known_tokens": m,
+              "steps": stats["forwards"] if speculative is not None else steps,
+              "policy": "speculative" if speculative is not None else policy, "speculative": speculative,
               "schedule": plan_cfg.schedule, "order": _order_label(order_arg),
               "seed": int(seed), "use_cache": settings.use_cache and fam.kv_cache, "batch_size": batch_size,
               "variant": model.config.variant, **cfg.to_dict()}
+    width = max(p.shape[1] for p in plans)  # speculative batches may take different numbers of forwards
+    plans = [torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in plans]
     return GenerationResult(out_tokens, torch.cat(orders), torch.cat(plans), known_mask, texts, timing, report,
                             torch.cat(logits) if logits else None)
+
+
+def _add_speculation(stats: dict[str, Any], sampler: Any) -> None:
+    """Sum a speculative batch's verified and accepted drafts by draft position into `stats`."""
+    for key, counts in (("verified_by_position", sampler.proposed), ("accepted_by_position", sampler.accepted)):
+        into = stats.setdefault(key, {})
+        for j in range(1, len(counts)):
+            if sampler.proposed[j]:
+                into[str(j)] = into.get(str(j), 0) + int(counts[j])
 
 
 def _order_label(order: Any) -> str:

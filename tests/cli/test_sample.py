@@ -109,3 +109,17 @@ def test_missing_checkpoint_and_both_prompt_and_infill(cli, tmp_path):
     assert res.code == 2 and res.err.startswith("error: ")
     res = cli("sample", "--checkpoint", tmp_path, "--prompt", "a", "--infill", "[MASK]")
     assert res.code == 2 and res.err.startswith("error: ")
+
+
+def test_speculative_sampling_reports_its_work(cli, tiny_run):
+    res = cli("sample", "--checkpoint", tiny_run, "-n", "2", "--length", "16", "--speculative", "3", "--json",
+              "--no-progress")
+    assert res.code == 0, res.err
+    timing = res.json["timing"]
+    assert 1.0 <= timing["tokens_per_forward"] <= 3.0 and "acceptance_by_position" in timing
+    assert "speculative decoding" in res.err and res.json["settings"]["speculative"] == 3
+    auto = cli("sample", "--checkpoint", tiny_run, "--length", "12", "--speculative", "auto", "--json", "--no-progress")
+    assert auto.code == 0 and auto.json["settings"]["speculative"] == "auto"
+    for bad in (["--speculative", "0"], ["--speculative", "x"], ["--speculative", "2", "--steps", "4"]):
+        out = cli("sample", "--checkpoint", tiny_run, "--length", "12", *bad)
+        assert out.code == 2 and out.err.startswith("error:") and "Traceback" not in out.err

@@ -38,6 +38,10 @@ def add_parser(subparsers: Any) -> None:
                    help="bernoulli: Lemma 4.1, each masked position revealed with prob. (t-s)/t (default for "
                    "any-order models); count: a fixed number per step (the reference code's rule; gpt)")
     p.add_argument("--schedule", choices=("linear", "cosine"), default="linear", help="time grid (default linear)")
+    p.add_argument("--speculative", metavar="K|auto", default=None, type=_speculative,
+                   help="exact self-speculative decoding: draft K positions per forward pass and verify them, so "
+                   "samples follow the model's one-token-at-a-time law (auto: adapt K to the acceptance); "
+                   "replaces --steps/--policy")
     p.add_argument("--order", default=None,
                    help="unmasking order: random (default; = uniform), l2r, another order spec (blockwise:4, "
                    "fixed-random:SEED, mixture:P, ...) or a comma-separated permutation of positions")
@@ -62,6 +66,18 @@ def _int_list(text: str, what: str, fix: str) -> list[int]:
         return [int(t) for t in text.replace(" ", "").split(",") if t]
     except ValueError:
         raise AOGPTError(f"cannot read {what} {text!r}", fix) from None
+
+
+def _speculative(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a draft length K >= 1 or 'auto', got {text!r}")
+    return value
 
 
 def _order(spec: str | None) -> Any:
@@ -90,7 +106,9 @@ def _describe(s: dict[str, Any], weights: str) -> str:
     parts = [f"{s['variant']}", f"{s['num_samples']} sample(s) x {s['length']} tokens"]
     if s["known_tokens"]:
         parts.append(f"{s['known_tokens']} given")
-    parts += [f"{s['steps']} steps ({s['policy']}, {s['schedule']})", f"order {s['order']}",
+    how = (f"speculative decoding (draft {s['speculative']}), {s['steps']} forward passes" if s.get("speculative")
+           else f"{s['steps']} steps ({s['policy']}, {s['schedule']})")
+    parts += [how, f"order {s['order']}",
               "greedy" if s["greedy"] else f"temperature {s['temperature']:g}, top-p {s['top_p']:g}, "
               f"top-k {s['top_k']}", f"seed {s['seed']}", f"{weights} weights",
               "KV cache" if s["use_cache"] else "no cache"]
@@ -117,7 +135,8 @@ def settings_from_args(args: argparse.Namespace) -> GenerationSettings:
     """The flags as one `GenerationSettings` (the object the Python API and the benchmarks use)."""
     sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, greedy=args.greedy,
                               dtype=torch.float32 if args.float32_sampling else torch.float64)
-    plan = DecodePlan(steps=args.steps, policy=args.policy, schedule=args.schedule, order=_order(args.order))
+    plan = DecodePlan(steps=args.steps, policy=args.policy, schedule=args.schedule, order=_order(args.order),
+                      speculative=args.speculative)
     return GenerationSettings(sampling, plan, batch_size=args.batch_size, use_cache=not args.no_cache).validate()
 
 
@@ -147,6 +166,10 @@ def run(args: argparse.Namespace) -> int:
     t = res.timing
     print(f"generated {int(res.step_counts.sum())} tokens in {t['seconds']:.2f} s "
           f"({t['tokens_per_second']:.0f} tokens/s, {t['forwards']} forward passes)", file=sys.stderr)
+    if "tokens_per_forward" in t:
+        rates = ", ".join(f"{j}: {a:.2f}" for j, a in t["acceptance_by_position"].items()) or "none verified"
+        print(f"speculative decoding: {t['tokens_per_forward']:.2f} tokens per forward pass per sequence; "
+              f"acceptance by draft position {rates}", file=sys.stderr)
     for i, text in enumerate(res.texts or []):
         if len(res.texts) > 1:
             print(f"--- sample {i + 1} ---")

@@ -117,6 +117,13 @@ class ModelFamily:
         encoder's reverse process)."""
         raise NotImplementedError
 
+    def speculative_sampler(self, model: nn.Module, chain: torch.Tensor, known: torch.Tensor, settings: Any,
+                            k: int | str) -> Any:
+        """Exact self-speculative decoding along fixed chain orders (`aogpt.generation.speculative`):
+        only for decoders told the target position (drafts need parallel query slots)."""
+        raise AOGPTError(f"variant {self.name} cannot draft several positions in one pass, so speculative "
+                         "decoding does not apply", "use an aogpt or sigma model, or drop --speculative")
+
     def check_generation(self, *, policy: str, counts: Callable[[], list[int]], order: Any,
                          known_positions: torch.Tensor) -> None:
         """Refuse a generation request this family cannot serve (before any work is done)."""

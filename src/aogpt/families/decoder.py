@@ -17,6 +17,7 @@ from torch import nn
 from aogpt.errors import AOGPTError
 from aogpt.families.base import ModelFamily
 from aogpt.generation.decoder import DecoderSampler, step_mask
+from aogpt.generation.speculative import SpeculativeSampler
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,11 @@ class DecoderFamily(ModelFamily):
         cols = torch.arange(m + R, device=idx.device)
         mask = step_mask(cols, m, m + R)[None, None]
         return model.forward_slots(tokens, pos, target, attn_mask=mask, select=(m + cols[:R]).expand(B, R))
+
+    def speculative_sampler(self, model, chain, known, settings, k):
+        if not self.target_position:
+            return super().speculative_sampler(model, chain, known, settings, k)
+        return SpeculativeSampler(model, chain, known, settings, k)
 
     def validation_losses(self, model, idx, order):
         l2r = model(idx)[1].sum()

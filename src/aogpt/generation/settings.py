@@ -25,7 +25,9 @@ from aogpt.schedules import POLICIES, SCHEDULES
 class DecodePlan:
     """Which positions each step reveals.
 
-    steps: T (None: one step per position to generate). policy: "bernoulli" (Lemma 4.1) or "count"
+    speculative: instead of steps, draft K positions per forward and verify them exactly
+    (`aogpt.generation.speculative`; "auto" adapts K per sequence). steps: T (None: one step per
+    position to generate). policy: "bernoulli" (Lemma 4.1) or "count"
     (None: the model family's default: Bernoulli where several tokens per step are possible).
     schedule: "linear" or "cosine" time grid. order: the unmasking order: an `aogpt.orders` spec
     ("random"/"uniform", "l2r", "blockwise:4", ...) or explicit permutation(s) (n,) / (N, n); None:
@@ -36,16 +38,25 @@ class DecodePlan:
     policy: str | None = None
     schedule: str = "linear"
     order: Any = None
+    speculative: int | str | None = None  # exact self-speculative decoding: draft K per forward, or "auto"
 
     def validate(self) -> DecodePlan:
         if self.policy is not None:
             check_choice("policy", self.policy, POLICIES)
         check_choice("schedule", self.schedule, SCHEDULES)
+        spec = self.speculative
+        if spec is not None and spec != "auto" and (isinstance(spec, bool) or not isinstance(spec, int) or spec < 1):
+            raise AOGPTError(f"speculative must be a draft length K >= 1 or 'auto', got {spec!r}",
+                             "use e.g. --speculative 4 or --speculative auto")
+        if spec is not None and (self.steps is not None or self.policy is not None):
+            raise AOGPTError("speculative decoding reveals the positions one at a time along the order (exactly), "
+                             "so steps and policy do not apply", "drop --steps/--policy, or drop --speculative")
         return self
 
     def to_dict(self) -> dict[str, Any]:
         order = self.order if self.order is None or isinstance(self.order, str) else "given"
-        return {"steps": self.steps, "policy": self.policy, "schedule": self.schedule, "order": order}
+        return {"steps": self.steps, "policy": self.policy, "schedule": self.schedule, "order": order,
+                "speculative": self.speculative}
 
 
 @dataclass(frozen=True)
@@ -62,7 +73,7 @@ class GenerationSettings:
     skip_noop: bool = True  # encoder: skip the forward of steps that reveal nothing (MDLM's trick)
 
     SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "greedy", "dtype")
-    PLAN_FIELDS = ("steps", "policy", "schedule", "order")
+    PLAN_FIELDS = ("steps", "policy", "schedule", "order", "speculative")
     RUN_FIELDS = ("batch_size", "use_cache", "prepack", "attention", "compile", "skip_noop")
 
     def with_overrides(self, **overrides: Any) -> GenerationSettings:
