@@ -155,7 +155,6 @@ def _setup(args: argparse.Namespace) -> None:
     """Threads: as asked, else 1 when the machine is busier than it has CPUs (torch's threads would
     then wait on each other and timings swing by an order of magnitude)."""
     import os
-    import sys
 
     import torch
 
@@ -164,9 +163,7 @@ def _setup(args: argparse.Namespace) -> None:
             raise AOGPTError(f"--threads must be >= 1, got {args.threads}", "e.g. --threads 2")
         torch.set_num_threads(args.threads)
     elif hasattr(os, "getloadavg") and os.getloadavg()[0] > (os.cpu_count() or 1):
-        torch.set_num_threads(1)
-        print(f"the machine is busy (load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs): timing with 1 "
-              "thread (--threads N to choose)", file=sys.stderr)
+        torch.set_num_threads(1)  # the report's environment line says so (threads, load average)
 
 
 def _report(args: argparse.Namespace, command: str, result: dict[str, Any], markdown: str) -> int:
