@@ -75,6 +75,23 @@ def add_parser(subparsers: Any) -> None:
     _run_flags(d)
     d.set_defaults(func=run_density)
 
+    sp = sub.add_parser("speculative", help="exact self-speculative decoding against one token per step",
+                        description="On a trained AO-GPT, time exact self-speculative decoding (draft K positions, "
+                        "verify them) against one token per step and our GPT, side by side, with tokens per forward "
+                        "pass, acceptance by draft position, and a quality check (the NLL of both samplers' "
+                        "samples under one evaluator); writes DIR/speculative.md, .json and .png.")
+    sp.add_argument("--checkpoint", action="append", default=[], metavar="VARIANT=PATH", required=True,
+                    help="aogpt=RUN (required: a trained AO-GPT) and optionally gpt=RUN of the same size")
+    sp.add_argument("--n", default="128,256", metavar="N,N", help="sequence lengths (default 128,256)")
+    sp.add_argument("--batch", default="1,8", metavar="B,B", help="batch sizes (default 1,8)")
+    sp.add_argument("--k", default="2,4,8,auto", metavar="K,K", help="draft lengths, or auto (default 2,4,8,auto)")
+    sp.add_argument("--samples", type=int, default=16, help="samples per sampler for the quality check (default 16)")
+    sp.add_argument("--repeats", type=int, default=3, help="runs per measurement, median reported (default 3)")
+    sp.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1)")
+    sp.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold (default 1)")
+    _run_flags(sp, checkpoints=False)
+    sp.set_defaults(func=run_speculative)
+
     t = sub.add_parser("train", help="training-step throughput of gpt, sigma, aogpt and encoder-mdm",
                        description="Time the real training step (forward, backward, AdamW, EMA) of every variant at "
                        "equal size, with ratios to gpt and the paper code's reference figures; writes "
@@ -126,7 +143,8 @@ def add_parser(subparsers: Any) -> None:
 
 def _missing(args: argparse.Namespace) -> int:
     raise AOGPTError("no benchmark named",
-                     "use `aogpt bench generate`, `density`, `train`, `eval` or `prepare` (`aogpt bench --help`)")
+                     "use `aogpt bench generate`, `speculative`, `density`, `train`, `eval` or `prepare` "
+                     "(`aogpt bench --help`)")
 
 
 def _pick(value: Any, quick: dict[str, Any], key: str, default: Any, is_quick: bool) -> Any:
@@ -211,6 +229,31 @@ def run_generate(args: argparse.Namespace) -> int:
     from aogpt.bench.generate_report import to_markdown
 
     return _report(args, "bench generate", result, to_markdown(result))
+
+
+def run_speculative(args: argparse.Namespace) -> int:
+    from aogpt.bench.common import parse_checkpoints, parse_int_list
+    from aogpt.bench.speculative import bench_speculative, to_markdown
+    from aogpt.checkpoint import load
+
+    _setup(args)
+    paths = parse_checkpoints(args.checkpoint, ("aogpt", "sigma", "gpt"))
+    drafting = [v for v in ("aogpt", "sigma") if v in paths]
+    if not drafting:
+        raise AOGPTError("a trained any-order model is needed", "pass --checkpoint aogpt=RUN")
+    ns, batches = parse_int_list(args.n, "n"), parse_int_list(args.batch, "batch")
+    ks = [k.strip() for k in args.k.split(",") if k.strip()]
+    model = load(paths[drafting[0]], device=args.device if args.device != "auto" else "cpu")
+    gpt = load(paths["gpt"]) if "gpt" in paths else None
+    bar, update = _bar(args.repeats * len(ns) * len(batches) * (len(ks) + 1 + (gpt is not None)), args,
+                       "bench speculative")
+    try:
+        result = bench_speculative(model, gpt=gpt, ns=ns, batches=batches, ks=ks, repeats=args.repeats,
+                                   samples=args.samples, seed=args.seed, temperature=args.temperature,
+                                   top_p=args.top_p, out=args.out, progress=update)
+    finally:
+        bar.close()
+    return _report(args, "bench speculative", result, to_markdown(result))
 
 
 def run_density(args: argparse.Namespace) -> int:
