@@ -367,3 +367,11 @@ def test_packed_steps_do_only_the_real_work():
     assert res.timing["slot_evaluations"] == int((12 + (12 - revealing) - (last - 1)).sum())
     count = generate(model, num_samples=6, length=12, steps=12, policy="count", seed=2, batch_size=6)
     assert count.timing["slot_evaluations"] == 6 * 12 and count.timing["padded_slots"] == 0
+
+
+def test_bfloat16_generation_runs_with_every_policy():
+    """The GPU setting of the paper's speed study (bf16 weights) has its code path tested on the CPU."""
+    model = tiny_model("aogpt", vocab=32, block=12, dtype=torch.float32).to(torch.bfloat16)
+    for kw in (dict(policy="bernoulli", steps=4), dict(policy="count"), dict(speculative=3)):
+        res = generate(model, num_samples=3, length=12, seed=1, **kw)
+        assert res.tokens.shape == (3, 12) and int(res.tokens.max()) < 32

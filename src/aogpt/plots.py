@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,28 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_png(draw: Callable[[Any], None], out_png: Path, figsize: tuple[float, float] = (6.4, 4.4),
+             dpi: int = 120) -> Path | None:
+    """Draw on one axes (`draw(ax)`) and write the figure to `out_png` atomically. Never raises: a
+    missing or broken matplotlib, or a failing drawing, becomes a warning and no PNG, so a plot never
+    loses the numbers it shows."""
+    try:
+        plt = _pyplot()
+        fig, ax = plt.subplots(figsize=figsize, dpi=dpi)
+        try:
+            draw(ax)
+            fig.tight_layout()
+            tmp = Path(out_png).with_suffix(".tmp.png")
+            fig.savefig(tmp)
+        finally:
+            plt.close(fig)
+        os.replace(tmp, out_png)
+        return Path(out_png)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        warnings.warn(f"could not write plot {out_png}: {exc}", stacklevel=2)
+        return None
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -35,9 +58,8 @@ def plot_loss_curves(metrics_path: Path, out_png: Path, title: str = "") -> Path
     evals = [r for r in rows if r.get("kind") == "eval"]
     if not train and not evals:
         return None
-    try:
-        plt = _pyplot()
-        fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+
+    def draw(ax: Any) -> None:
         if train:
             ax.plot(*zip(*train, strict=True), lw=0.8, alpha=0.6, color="0.5", label="train (sampled orders)")
         styles = {"l2r": "-", "any": "--"}
@@ -53,12 +75,5 @@ def plot_loss_curves(metrics_path: Path, out_png: Path, title: str = "") -> Path
         ax.set_title(title or "loss")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        tmp = Path(out_png).with_suffix(".tmp.png")
-        fig.savefig(tmp)
-        plt.close(fig)
-        os.replace(tmp, out_png)
-        return Path(out_png)
-    except Exception as exc:  # noqa: BLE001 - a plot must never kill a training run
-        warnings.warn(f"could not write plot {out_png}: {exc}", stacklevel=2)
-        return None
+
+    return save_png(draw, out_png, figsize=(7, 4.5), dpi=110)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import warnings
 from pathlib import Path
 from typing import Any
 
-from aogpt.plots import _pyplot
+from aogpt.plots import save_png
 
 STYLE = {  # method -> (label, colour, marker, line style)
     "aogpt": ("AO-GPT (KV cache + Lemma 4.1)", "tab:red", "o", "-"),
@@ -22,14 +20,11 @@ AT_N = {"gpt": ("our GPT (KV cache, n steps)", "0.2", "*"),
 
 
 def plot_generation(result: dict[str, Any], out_png: Path) -> Path | None:
-    """Seconds per batch against generation steps T (log-log); the AR GPT (n steps) as a reference line.
-
-    Never raises: a missing or broken matplotlib becomes a warning and no PNG.
-    """
+    """Seconds per batch against generation steps T (log-log); the one-token-per-step models at T = n
+    as reference lines. Never raises (`aogpt.plots.save_png`)."""
     steps = result["steps"]
-    try:
-        plt = _pyplot()
-        fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=120)
+
+    def draw(ax: Any) -> None:
         for method, times in result["seconds"].items():
             if method in AT_N or not times:
                 continue
@@ -52,13 +47,5 @@ def plot_generation(result: dict[str, Any], out_png: Path) -> Path | None:
                      fontsize=10)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        out_png = Path(out_png)
-        tmp = out_png.with_suffix(".tmp.png")
-        fig.savefig(tmp)
-        plt.close(fig)
-        os.replace(tmp, out_png)
-        return out_png
-    except Exception as exc:  # noqa: BLE001 - a plot must never lose the measured numbers
-        warnings.warn(f"could not write plot {out_png}: {exc}", stacklevel=2)
-        return None
+
+    return save_png(draw, out_png)

@@ -40,6 +40,7 @@ from aogpt.bench.common import (
 )
 from aogpt.errors import AOGPTError
 from aogpt.families import family_of
+from aogpt.plots import save_png
 
 
 def _ks(text: list[str]) -> list[int | str]:
@@ -180,15 +181,9 @@ def to_markdown(result: dict[str, Any]) -> str:
 
 def plot(result: dict[str, Any], out_png: Path) -> Path | None:
     """Tokens per forward pass against the draft length K, one line per (n, batch)."""
-    import os
-    import warnings
+    fixed = [k for k in result["ks"] if k != "auto"]
 
-    from aogpt.plots import _pyplot
-
-    try:
-        plt = _pyplot()
-        fig, ax = plt.subplots(figsize=(6.0, 4.0), dpi=120)
-        fixed = [k for k in result["ks"] if k != "auto"]
+    def draw(ax: Any) -> None:
         for n in result["ns"]:
             for B in result["batches"]:
                 pts = [(k, r["tokens_per_forward"]) for k in fixed for r in result["rows"]
@@ -201,12 +196,5 @@ def plot(result: dict[str, Any], out_png: Path) -> Path | None:
         ax.set_title("Exact self-speculative decoding", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        tmp = Path(out_png).with_suffix(".tmp.png")
-        fig.savefig(tmp)
-        plt.close(fig)
-        os.replace(tmp, out_png)
-        return Path(out_png)
-    except Exception as exc:  # noqa: BLE001 - a plot must never lose the measured numbers
-        warnings.warn(f"could not write plot {out_png}: {exc}", stacklevel=2)
-        return None
+
+    return save_png(draw, out_png, figsize=(6.0, 4.0))
