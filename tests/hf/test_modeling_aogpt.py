@@ -14,9 +14,10 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import aogpt
 from aogpt.config import model_config
+from aogpt.data.tokenizer import ByteTokenizer
 from aogpt.errors import AOGPTError
 from aogpt.evaluate import conditional_logprobs, evaluate
-from aogpt.hf import AOGPTConfig, AOGPTForCausalLM, to_hf
+from aogpt.hf import AOGPTConfig, AOGPTForCausalLM, to_hf, to_hf_tokenizer
 from aogpt.model import Transformer
 from tests.helpers import prefix_conditional, random_model
 
@@ -138,13 +139,16 @@ def test_save_and_from_pretrained_round_trip_bit_exactly(tmp_path: Path, variant
 def test_trust_remote_code_loads_without_aogpt_imported(tmp_path: Path) -> None:
     hf = to_hf(random_model("aogpt", n=8).float())
     hf.save_pretrained(tmp_path / "model")
+    to_hf_tokenizer(ByteTokenizer()).save_pretrained(tmp_path / "model")
     x = batch()
     torch.save(x, tmp_path / "x.pt")
     script = f"""
 import sys, torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 m = AutoModelForCausalLM.from_pretrained({str(tmp_path / "model")!r}, trust_remote_code=True)
 assert type(m).__module__.startswith("transformers_modules"), type(m).__module__
+tok = AutoTokenizer.from_pretrained({str(tmp_path / "model")!r}, trust_remote_code=True)
+assert tok("héllo")["input_ids"] == list("héllo".encode()), tok("héllo")
 assert "aogpt.hf" not in sys.modules
 torch.save(m(torch.load({str(tmp_path / "x.pt")!r})).logits, {str(tmp_path / "logits.pt")!r})
 """
