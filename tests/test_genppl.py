@@ -115,3 +115,58 @@ def test_generated_samples_can_be_scored() -> None:
     assert texts == generate_texts(loaded, 3, seed=1, steps=4)
     res = score_samples(CheckpointEvaluator(tiny_loaded("gpt")), texts)
     assert res.samples == 3 and res.tokens > 0 and math.isfinite(res.genppl)
+
+
+def hf_by_hand(model, ids: list[int], context: int, eos: int) -> float:
+    """The same sum for a Hugging Face causal LM: one forward of [EOS] + prefix per scored token."""
+    total = 0.0
+    for k in range(0, len(ids), context - 1):
+        window = ids[k:k + context - 1]
+        for t in range(len(window)):
+            logits = model(torch.tensor([[eos] + window[:t]])).logits[0, -1]
+            total -= float(torch.log_softmax(logits.double(), -1)[window[t]])
+    return total
+
+
+@torch.no_grad()
+def test_hf_evaluator_on_a_local_gpt2_equals_the_by_hand_sum(tmp_path: Path) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from aogpt.data.tokenizer import GPT2Tokenizer
+    from aogpt.genppl import HFEvaluator
+    from aogpt.hf import to_hf_tokenizer
+
+    torch.manual_seed(0)
+    tiny = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=16, n_positions=12, vocab_size=50257))
+    tiny.save_pretrained(tmp_path / "gpt2")
+    to_hf_tokenizer(GPT2Tokenizer()).save_pretrained(tmp_path / "gpt2")  # the GPT-2 BPE, offline
+    ev = make_evaluator(f"hf:{tmp_path / 'gpt2'}")
+    assert isinstance(ev, HFEvaluator) and ev.context == 12 and ev.eos_id == 50256
+    texts = ["Hello there, my friend.", "short<|endoftext|>cut here",
+             "a text long enough for two windows of tokens, and then some more words at the end!"]
+    res = score_samples(ev, texts, batch_size=2)
+    tok = GPT2Tokenizer()
+    seqs = [tok.encode(texts[0]), tok.encode("short") + [50256], tok.encode(texts[2])]
+    assert len(seqs[2]) > 11  # several windows
+    model = ev.model.eval()
+    total = sum(hf_by_hand(model, s, 12, 50256) for s in seqs)
+    assert res.tokens == sum(map(len, seqs))
+    assert res.nll == pytest.approx(total / res.tokens, abs=1e-5)
+    with pytest.raises(AOGPTError, match="cannot load hf:"):
+        make_evaluator(f"hf:{tmp_path / 'nothing-here'}")
+
+
+@torch.no_grad()
+def test_hf_evaluator_on_an_exported_checkpoint_equals_the_checkpoint_evaluator(tmp_path: Path) -> None:
+    from aogpt.hf import export_hf
+
+    loaded = tiny_loaded("aogpt")
+    loaded.model.float()
+    save_checkpoint(tmp_path / "run" / "ckpt-0000001", loaded.model,
+                    config={"model": to_dict(loaded.config), "tokenizer": "bytes"}, tokenizer=loaded.tokenizer,
+                    ema={k: v.clone() for k, v in loaded.model.state_dict().items()})
+    export_hf(tmp_path / "run", tmp_path / "hf")
+    texts = ["hello", "a sample longer than two windows!"]
+    via_hf = score_samples(make_evaluator(f"hf:{tmp_path / 'hf'}"), texts)
+    ours = score_samples(make_evaluator(str(tmp_path / "run")), texts)
+    assert via_hf.tokens == ours.tokens and via_hf.nll == pytest.approx(ours.nll, abs=1e-5)

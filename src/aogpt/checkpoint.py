@@ -12,10 +12,14 @@ Layout of one checkpoint directory (``RUN/ckpt-0001000``)::
 A run directory holds several ``ckpt-*`` directories; `find_checkpoint` picks the newest complete
 one. Each is written to a temporary name and renamed, so a crash never leaves a half-written
 checkpoint in place of a good one.
+
+`load` also reads a Hugging Face folder written by ``aogpt export --format hf`` (its config.json
+says ``"model_type": "aogpt"``; one set of weights), without importing transformers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +37,8 @@ from aogpt.model import Transformer
 
 FORMAT = "aogpt-checkpoint/1"
 CKPT_PREFIX = "ckpt-"
+HF_MODEL_TYPE = "aogpt"  # config.json of a Hugging Face folder (`aogpt.hf`)
+HF_WEIGHTS = "model"  # its weights are "model.<name>": the Transformer is AOGPTForCausalLM.model
 
 
 def unique_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -194,6 +200,9 @@ def load(path: str | Path, weights: str = "ema", device: str | torch.device = "c
     if weights not in ("ema", "raw"):
         raise AOGPTError(f"unknown weights {weights!r}", "use ema or raw")
     ckpt = find_checkpoint(Path(path))
+    hf_config = read_json(ckpt / "config.json", what="checkpoint config")
+    if isinstance(hf_config, dict) and hf_config.get("model_type") == HF_MODEL_TYPE:
+        return _load_hf_folder(ckpt, hf_config, weights, device, dtype)
     cfg = read_config(ckpt)
     mcfg = model_config_from_dict(cfg["model"])
     tensors = read_weights(ckpt)
@@ -204,14 +213,38 @@ def load(path: str | Path, weights: str = "ema", device: str | torch.device = "c
         raise AOGPTError(f"{ckpt} holds no {weights} weights", "pass --weights raw" if weights == "ema" else "")
     if weights == "ema":  # buffers and any entry without an EMA copy come from the raw weights
         state = {**weights_of(tensors, "raw"), **state}
-    model = Transformer.empty(mcfg)
-    load_state_into(model, state, where=f"{ckpt}/model.safetensors")
-    model.to(device=device, dtype=dtype).eval()
-    tokenizer = None
-    spec = cfg.get("tokenizer")
-    if spec:
-        from aogpt.data.tokenizer import load_tokenizer
+    model = _built(mcfg, state, f"{ckpt}/model.safetensors", device, dtype)
+    return Loaded(model=model, tokenizer=_tokenizer(cfg.get("tokenizer"), ckpt / "tokenizer"), config=mcfg,
+                  train_config=cfg.get("train", {}), step=int(cfg.get("step", 0)), path=ckpt, weights=weights,
+                  meta=cfg)
 
-        tokenizer = load_tokenizer(spec, ckpt / "tokenizer")
-    return Loaded(model=model, tokenizer=tokenizer, config=mcfg, train_config=cfg.get("train", {}),
-                  step=int(cfg.get("step", 0)), path=ckpt, weights=weights, meta=cfg)
+
+def _built(mcfg: ModelConfig, state: dict[str, torch.Tensor], where: str, device: str | torch.device,
+           dtype: torch.dtype) -> Transformer:
+    model = Transformer.empty(mcfg)
+    load_state_into(model, state, where=where)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def _tokenizer(spec: str | None, directory: Path) -> Any:
+    if not spec:
+        return None
+    from aogpt.data.tokenizer import load_tokenizer
+
+    return load_tokenizer(spec, directory)
+
+
+def _load_hf_folder(folder: Path, cfg: dict[str, Any], weights: str, device: str | torch.device,
+                    dtype: torch.dtype) -> Loaded:
+    """A folder written by `aogpt export --format hf` (`aogpt.hf.export`), read without transformers:
+    config.json holds our model config's fields, model.safetensors one set of weights under
+    ``model.``, tokenizer.json (for bpe:N) sits beside them."""
+    stored = cfg.get("weights") or "ema"
+    if weights == "raw" and stored != "raw":
+        raise AOGPTError(f"{folder} holds the {stored} weights only", "export the raw ones with --weights raw")
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    mcfg = model_config_from_dict({k: v for k, v in cfg.items() if k in names})
+    state = weights_of(read_weights(folder), HF_WEIGHTS)
+    model = _built(mcfg, state, f"{folder}/model.safetensors", device, dtype)
+    return Loaded(model=model, tokenizer=_tokenizer(cfg.get("tokenizer"), folder), config=mcfg,
+                  step=int(cfg.get("training_step") or 0), path=folder, weights=stored, meta=cfg)

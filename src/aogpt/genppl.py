@@ -72,11 +72,14 @@ class CheckpointEvaluator(Evaluator):
 
 
 class HFEvaluator(Evaluator):
-    """A Hugging Face causal LM (``hf:gpt2-large``), loaded lazily; needs `transformers`."""
+    """A Hugging Face causal LM (``hf:gpt2-large``, or a local folder: ``hf:PATH``, our exported
+    folders included), loaded lazily; needs `transformers`."""
 
     def __init__(self, name: str, device: str | torch.device = "cpu") -> None:
         try:
             import transformers
+
+            import aogpt.hf  # noqa: F401 (registers our exported folders with AutoModelForCausalLM)
         except ImportError:
             raise AOGPTError(f"evaluator hf:{name} needs the package transformers",
                              "pip install transformers, or use one of our checkpoints as --evaluator") from None

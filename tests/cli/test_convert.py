@@ -141,3 +141,23 @@ def test_export_without_ema_asks_for_raw(tmp_path, cli):
     assert res.code == 2 and "holds no EMA weights (pass --weights raw)" in error_lines(res.err)[0]
     assert cli("export", tmp_path / "s", "--out", tmp_path / "s.pt", "--weights", "raw").code == 0
     assert "ema_model" not in torch.load(tmp_path / "s.pt", weights_only=True)
+
+
+def test_export_as_a_hugging_face_folder(tmp_path, cli):
+    from transformers import AutoModelForCausalLM
+
+    import aogpt.hf  # noqa: F401 (registers the model type)
+
+    assert cli("import", AO, "--out", tmp_path / "a").code == 0
+    res = cli("export", tmp_path / "a", "--format", "hf", "--out", tmp_path / "hf", "--json")
+    assert res.code == 0, res.err
+    assert res.json["format"] == "hf" and res.json["weights"] == "ema" and res.json["tokenizer"] is None
+    assert "model.safetensors" in res.json["files"] and "Hugging Face folder" in res.out
+    idx = torch.arange(20).remainder(101)[None]
+    with torch.no_grad():
+        theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")(idx).logits
+        ours = aogpt.load(tmp_path / "a").model(idx, with_last_slot=True)[0]
+    torch.testing.assert_close(theirs[:, :-1], ours[:, 1:-1], atol=1e-6, rtol=1e-6)
+    res = cli("export", tmp_path / "a", "--format", "hf", "--out", tmp_path / "hf2", "--weights", "both")
+    assert res.code == 2 and "holds one set of weights" in error_lines(res.err)[0]
+    assert not (tmp_path / "hf2").exists()

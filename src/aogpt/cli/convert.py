@@ -1,4 +1,5 @@
-"""`aogpt import` and `aogpt export`: the paper's released checkpoints in and out (docs/checkpoints.md)."""
+"""`aogpt import` and `aogpt export`: the paper's released checkpoints in and out (docs/checkpoints.md), and
+Hugging Face folders out (docs/ecosystem.md)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from aogpt.cli.common import add_common, emit_json, progress
+from aogpt.errors import AOGPTError
 
 
 def add_parser(subparsers: Any) -> None:
@@ -45,27 +47,29 @@ def add_parser(subparsers: Any) -> None:
 
     exp = subparsers.add_parser(
         "export",
-        help="write an aogpt/sigma checkpoint in the reference .pt format",
+        help="write a checkpoint in the paper's reference .pt format or as a Hugging Face folder",
         description="Write one of our checkpoints (a ckpt-* directory, or a run's newest) as a "
-        "nanoGPT-style .pt file in the paper's reference format. Only the aogpt and sigma "
-        "variants with the paper's architecture can be exported.",
+        "nanoGPT-style .pt file in the paper's reference format (only the aogpt and sigma "
+        "variants with the paper's architecture), or with --format hf as a folder that "
+        "transformers' AutoModelForCausalLM and AutoTokenizer load (gpt, sigma and aogpt).",
     )
     exp.add_argument("run", metavar="RUN", help="a run directory or a ckpt-* directory")
     exp.add_argument(
         "--format",
-        choices=("reference",),
+        choices=("reference", "hf"),
         default="reference",
-        help="output format (only 'reference', the paper's release format)",
+        help="reference (default): the paper's release format; hf: a Hugging Face folder "
+        "(config, safetensors weights, tokenizer, modeling code)",
     )
-    exp.add_argument("--out", required=True, metavar="FILE.pt", help="file to write")
+    exp.add_argument("--out", required=True, metavar="FILE.pt|DIR", help="file (reference) or folder (hf) to write")
     exp.add_argument(
         "--weights",
         choices=("both", "raw", "ema"),
-        default="both",
-        help="both (default): raw as `model`, EMA as `ema_model`; raw: `model` only; "
-        "ema: the EMA weights as `model`, no `ema_model`",
+        default=None,
+        help="reference: both (default): raw as `model`, EMA as `ema_model`; raw: `model` only; "
+        "ema: the EMA weights as `model`, no `ema_model`. hf: ema (default) or raw",
     )
-    exp.add_argument("--overwrite", action="store_true", help="replace an existing file at --out")
+    exp.add_argument("--overwrite", action="store_true", help="replace an existing file or folder at --out")
     add_common(exp)
     exp.set_defaults(func=run_export)
 
@@ -99,8 +103,11 @@ def run_import(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    if args.format == "hf":
+        return _export_hf(args)
     from aogpt.reference import export_reference
 
+    args.weights = args.weights or "both"
     with progress(total=1, desc="export") as bar:
         summary = export_reference(args.run, args.out, weights=args.weights, overwrite=args.overwrite)
         bar.update()
@@ -110,4 +117,21 @@ def run_export(args: argparse.Namespace) -> int:
     )
     if args.json:
         emit_json({"command": "export", "format": args.format, **summary})
+    return 0
+
+
+def _export_hf(args: argparse.Namespace) -> int:
+    if args.weights == "both":
+        raise AOGPTError("a Hugging Face folder holds one set of weights", "pass --weights ema or --weights raw")
+    from aogpt.hf import export_hf
+
+    with progress(total=1, desc="export") as bar:
+        summary = export_hf(args.run, args.out, weights=args.weights or "ema", overwrite=args.overwrite)
+        bar.update()
+    print(
+        f"exported {summary['variant']} from {summary['checkpoint']} ({summary['weights']} weights, step "
+        f"{summary['step']}, tokenizer {summary['tokenizer'] or 'none'}) as a Hugging Face folder: {summary['out']}"
+    )
+    if args.json:
+        emit_json({"command": "export", "format": "hf", **summary})
     return 0

@@ -253,10 +253,14 @@ class BPETokenizer(Tokenizer):
     def _decode(self, ids: list[int]) -> str:
         return self._hf.decode(ids, skip_special_tokens=False)
 
+    def to_json(self) -> str:
+        """The trained tokenizer as Hugging Face `tokenizers` JSON (what `save` writes)."""
+        return self._hf.to_str(pretty=True)
+
     def save(self, directory: Path) -> None:
         from aogpt.io import atomic_write_text
 
-        atomic_write_text(Path(directory) / TOKENIZER_FILE, self._hf.to_str(pretty=True))
+        atomic_write_text(Path(directory) / TOKENIZER_FILE, self.to_json())
 
 
 def parse_spec(spec: str) -> tuple[str, int | None]:
