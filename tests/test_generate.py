@@ -342,17 +342,24 @@ def test_bad_templates_and_variants():
 
 # ----------------------------------------------------------------------------- execution paths
 @pytest.mark.parametrize("policy", ["bernoulli", "count"])
-def test_prepacked_flex_and_compiled_steps_give_the_same_tokens(policy):
-    """Every way of running a decode step (oneDNN pre-packed weights on the CPU, FlexAttention,
-    torch.compile'd steps) samples what the reference path (SDPA, plain weights, eager) samples."""
+def test_prepacked_and_flex_steps_give_the_same_tokens(policy):
+    """The ways of running a decode step (oneDNN pre-packed weights on the CPU, FlexAttention) sample
+    what the reference path (SDPA, plain weights) samples."""
     model = tiny_model("aogpt", vocab=32, block=12, dtype=torch.float32)
     kw = dict(num_samples=5, length=12, steps=5, policy=policy, seed=11, batch_size=5, record_logits=True)
     ref = generate(model, prepack=False, **kw)
-    for variant in (dict(prepack=True), dict(prepack=False, attention="flex"),
-                    dict(prepack=False, compile="aot_eager")):
+    for variant in (dict(prepack=True), dict(prepack=False, attention="flex")):
         got = generate(model, **variant, **kw)
         assert torch.equal(got.tokens, ref.tokens), variant
         torch.testing.assert_close(got.logits, ref.logits, atol=2e-5, rtol=0, equal_nan=True)
+
+
+def test_compiled_steps_give_the_same_tokens():
+    """A torch.compile'd decode step (the graph captured by dynamo and run by its "eager" backend,
+    which generates no code, so the test stays fast) samples what the eager step samples."""
+    model = tiny_model("aogpt", vocab=32, block=6, dtype=torch.float32)
+    kw = dict(num_samples=3, length=6, steps=3, policy="bernoulli", seed=4, batch_size=3, prepack=False)
+    assert torch.equal(generate(model, compile="eager", **kw).tokens, generate(model, **kw).tokens)
 
 
 def test_packed_steps_do_only_the_real_work():

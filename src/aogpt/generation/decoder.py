@@ -189,7 +189,7 @@ def plan_steps(counts: np.ndarray, m: int, use_cache: bool, pos: torch.Tensor, t
 def compiled(fn: Callable, how: bool | str, device: torch.device) -> Callable:
     """`fn` itself, or torch.compile'd: ``True`` is inductor (CUDA graphs with mode reduce-overhead on
     CUDA; shapes marked dynamic so a growing cache does not recompile every step); a string names a
-    backend (``aot_eager`` captures the graph without generating code: what the tests use)."""
+    backend (``eager`` captures the graph without generating code: what the tests use)."""
     if not how:
         return fn
     if isinstance(how, str):
