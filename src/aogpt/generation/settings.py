@@ -19,6 +19,7 @@ from aogpt.errors import AOGPTError, check_choice
 from aogpt.kv_cache import ATTENTION
 from aogpt.sampling import SamplingConfig
 from aogpt.schedules import POLICIES, SCHEDULES
+from aogpt.validation import bounded, check_ranges
 
 
 @dataclass(frozen=True)
@@ -32,12 +33,13 @@ class DecodePlan:
     uniform (left to right for a left-to-right model).
     """
 
-    steps: int | None = None
+    steps: int | None = bounded(None, ge=1, le=2**20, integer=True)
     policy: str | None = None
     schedule: str = "linear"
     order: Any = None
 
     def validate(self) -> DecodePlan:
+        check_ranges(self, "decoding plan")
         if self.policy is not None:
             check_choice("policy", self.policy, POLICIES)
         check_choice("schedule", self.schedule, SCHEDULES)
@@ -54,7 +56,7 @@ class GenerationSettings:
 
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     plan: DecodePlan = field(default_factory=DecodePlan)
-    batch_size: int = 32
+    batch_size: int = bounded(32, ge=1, le=2**20)
     use_cache: bool = True
     prepack: bool = True  # CPU: decode-path weights packed once for oneDNN (`aogpt.inference`)
     attention: str = "sdpa"  # decode attention kernel: "sdpa" (reference) or "flex" (FlexAttention)
@@ -80,8 +82,7 @@ class GenerationSettings:
         self.sampling.validate()
         self.plan.validate()
         check_choice("attention", self.attention, ATTENTION)
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise AOGPTError(f"batch size must be >= 1, got {self.batch_size}", "use e.g. --batch-size 8")
+        check_ranges(self, "generation settings")
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -57,12 +57,14 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> 
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup to `lr`, then cosine decay to `min_lr` at `max_steps`."""
+    """Linear warmup to `lr`, then cosine decay to `min_lr` at `cfg.decay_steps` (`max_steps`, or the
+    original horizon of a run extended with --extend-to); `min_lr` from there on."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
-    if step >= cfg.max_steps:
+    end = cfg.decay_steps
+    if step >= end:
         return cfg.min_lr
-    progress = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
+    progress = (step - cfg.warmup_steps) / max(1, end - cfg.warmup_steps)
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
 
 
