@@ -68,6 +68,8 @@ def _os_error(action: str, path: Path, exc: OSError, flag: str) -> AOGPTError:
 def atomic_dir(final: Path, overwrite: bool = True, flag: str = "--out") -> Iterator[Path]:
     """Yield a temporary directory that replaces `final` only if the block finishes without error."""
     final = Path(final)
+    if final.name in ("", ".", ".."):
+        raise AOGPTError(f"{str(final)!r} names no directory that can be replaced", f"give {flag} a folder name")
     ensure_writable_dir(final.parent, flag)
     if final.exists() and not overwrite:
         raise AOGPTError(f"{final} already exists", "remove it or pass --overwrite")

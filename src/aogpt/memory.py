@@ -84,15 +84,20 @@ def training_bytes(cfg: Any, batch_size: int, world_size: int = 1, sharded: bool
     return state + activations
 
 
+def kv_cache_bytes(cfg: Any, batch: int, capacity: int, bytes_per_value: int = FP32) -> float:
+    """The static KV cache (`Transformer.setup_cache`): keys and values of every layer."""
+    return 2 * cfg.n_layer * batch * cfg.n_head * capacity * (cfg.n_embd // cfg.n_head) * bytes_per_value
+
+
 def generation_bytes(cfg: Any, batch: int, length: int, steps: int, num_samples: int, *, use_cache: bool,
                      kv_cache: bool, record_logits: bool = False) -> float:
     """What generating adds to the loaded weights: the KV cache, the logits and sampling buffers of
     the widest step (float64 for the draw), the activations of one forward, and the samples kept.
     Without a cache (or for a bidirectional model) every step reruns the whole sequence."""
-    B, n, d, H, L, V = batch, length, cfg.n_embd, cfg.n_head, cfg.n_layer, cfg.vocab_size
+    B, n, d, H, V = batch, length, cfg.n_embd, cfg.n_head, cfg.vocab_size
     per_step = n if steps <= 1 else min(n, 2 * math.ceil(n / steps) + 8)  # Bernoulli steps vary around n/T
     cached = use_cache and kv_cache
-    cache = 2 * L * B * (n + 1) * d * FP32 if cached else 0
+    cache = kv_cache_bytes(cfg, B, n + 1) if cached else 0
     rows = B * per_step if cached else B * n
     logits = B * per_step * V * (FP32 + 2 * 8)
     keys = n + 1
@@ -113,5 +118,5 @@ def weights_bytes(cfg: Any, params: int | None = None, bytes_per_value: int = FP
     return (parameter_count(cfg) if params is None else params) * bytes_per_value
 
 
-__all__ = ["available_bytes", "check_fits", "evaluation_bytes", "generation_bytes", "gib", "parameter_count",
-           "training_bytes", "weights_bytes"]
+__all__ = ["available_bytes", "check_fits", "evaluation_bytes", "generation_bytes", "gib", "kv_cache_bytes",
+           "parameter_count", "training_bytes", "weights_bytes"]

@@ -36,14 +36,12 @@ class SamplingConfig:
     top_k: int = bounded(0, ge=0, le=2**31)  # 0: no top-k truncation
     greedy: bool = False
     dtype: torch.dtype = torch.float64  # precision of the softmax and the categorical draw
-    vocab_limit: int | None = None  # ids >= this (vocabulary padding) are never sampled
+    vocab_limit: int | None = bounded(None, ge=1, le=2**31, integer=True)  # ids >= this (padding) never sampled
 
     def validate(self) -> SamplingConfig:
         check_ranges(self, "sampling")
         if self.dtype not in (torch.float64, torch.float32):
             raise AOGPTError(f"sampling dtype {self.dtype} is not supported", "use torch.float64 or torch.float32")
-        if self.vocab_limit is not None and self.vocab_limit < 1:
-            raise AOGPTError(f"vocab_limit must be positive, got {self.vocab_limit}", "pass the tokenizer's vocab size")
         return self
 
     def to_dict(self) -> dict[str, Any]:

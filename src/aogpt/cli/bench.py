@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from aogpt.cli.common import add_common, config_arg, emit_json, finite_float, int_arg, positive_int, progress
+from aogpt.cli.common import add_common, config_arg, emit_json, finite_float, int_arg, path_arg, positive_int, progress
 from aogpt.cli.prepare import MAX_WORKERS
 from aogpt.config import ModelConfig
 from aogpt.errors import AOGPTError
@@ -40,7 +40,7 @@ def _run_flags(p: argparse.ArgumentParser, checkpoints: bool = True, device: boo
         p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
         p.add_argument("--threads", type=THREADS, default=None, metavar="N",
                        help="CPU threads for torch (default: torch's)")
-    p.add_argument("--out", type=Path, default=Path("bench-results"), metavar="DIR",
+    p.add_argument("--out", type=path_arg, default=Path("bench-results"), metavar="DIR",
                    help="where the markdown table and JSON (and PNG) go (default bench-results)")
     if checkpoints:
         p.add_argument("--checkpoint", action="append", default=[], metavar="VARIANT=PATH",
@@ -131,7 +131,7 @@ def add_parser(subparsers: Any) -> None:
     w.add_argument("--workers-bench", action="store_true", help="time this instead of prepare of a corpus")
     w.add_argument("--workers", type=int_arg(ge=1, le=MAX_WORKERS), default=None, metavar="N",
                    help="worker processes (default 2)")
-    w.add_argument("--synthetic-mb", type=finite_float(gt=0, le=100_000), default=None, metavar="MB",
+    w.add_argument("--synthetic-mb", type=finite_float(gt=0, le=1000), default=None, metavar="MB",
                    help="megabytes of synthetic text (default 40; quick 0.5)")
     _run_flags(r, checkpoints=False, device=False)
     r.set_defaults(func=run_prepare)

@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from aogpt.progress import progress
@@ -61,6 +62,17 @@ def config_arg(cls: type, name: str) -> NumberArg:
     return number_arg(bounds)
 
 
+def path_arg(text: str) -> Path:
+    """A file or directory path flag: not empty (an empty --out would mean the current directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must be a path, got an empty string")
+    if "\0" in text:
+        raise argparse.ArgumentTypeError(f"must be a path, got {text!r}")
+    return Path(text)
+
+
+path_arg.__name__ = "path"
+
 positive_int = int_arg(ge=1)
 nonnegative_int = int_arg(ge=0)
 probability = finite_float(ge=0, le=1)
@@ -80,4 +92,4 @@ def emit_json(summary: dict[str, Any]) -> None:
 
 
 __all__ = ["add_common", "config_arg", "emit_json", "finite_float", "int_arg", "nonnegative_int", "number_arg",
-           "positive_int", "probability", "progress", "seed_arg"]
+           "path_arg", "positive_int", "probability", "progress", "seed_arg"]

@@ -8,7 +8,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from aogpt.cli.common import add_common, emit_json, progress
+from aogpt.cli.common import add_common, emit_json, path_arg, progress
 
 
 def add_parser(subparsers: Any) -> None:
@@ -21,7 +21,7 @@ def add_parser(subparsers: Any) -> None:
         "every key and shape is checked.",
     )
     imp.add_argument("file", metavar="FILE.pt", help="the reference checkpoint")
-    imp.add_argument("--out", required=True, metavar="DIR", help="checkpoint directory to write")
+    imp.add_argument("--out", type=path_arg, required=True, metavar="DIR", help="checkpoint directory to write")
     imp.add_argument(
         "--weights",
         choices=("ema", "raw"),
@@ -57,7 +57,7 @@ def add_parser(subparsers: Any) -> None:
         default="reference",
         help="output format (only 'reference', the paper's release format)",
     )
-    exp.add_argument("--out", required=True, metavar="FILE.pt", help="file to write")
+    exp.add_argument("--out", type=path_arg, required=True, metavar="FILE.pt", help="file to write")
     exp.add_argument(
         "--weights",
         choices=("both", "raw", "ema"),

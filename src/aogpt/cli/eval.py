@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from aogpt.cli.common import add_common, config_arg, emit_json, int_arg, positive_int, progress
+from aogpt.cli.common import add_common, config_arg, emit_json, int_arg, path_arg, positive_int, progress
 from aogpt.cli.sample import MAX_SAMPLES
 from aogpt.config import ModelConfig
 from aogpt.device import resolve_device, resolve_dtype
@@ -32,7 +32,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--suite", metavar="NAMES", default=None,
                    help="comma-separated evaluation sets; 'paper' = the five zero-shot suites, 'offline' = "
                    "shakespeare,wiki-excerpt. Several sets print a markdown table")
-    p.add_argument("--data-dir", metavar="DIR", type=Path, default=None,
+    p.add_argument("--data-dir", metavar="DIR", type=path_arg, default=None,
                    help="read the suites from local files here instead of the Hugging Face hub")
     p.add_argument("--order", default="l2r",
                    help="l2r (exact AR likelihood), random (any-order bound, K draws) or an order spec "
@@ -54,7 +54,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default="float32",
                    help="model weights' dtype for evaluation (default float32)")
     g = p.add_argument_group("generation perplexity")
-    g.add_argument("--genppl", metavar="FILE", type=Path, default=None,
+    g.add_argument("--genppl", metavar="FILE", type=path_arg, default=None,
                    help="score samples from FILE (.jsonl, .json or one per line)")
     g.add_argument("--genppl-samples", metavar="N", type=int_arg(ge=1, le=MAX_SAMPLES), default=None,
                    help="generate N samples from --checkpoint and score them")

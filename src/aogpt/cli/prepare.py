@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from aogpt.cli.common import add_common, emit_json, finite_float, int_arg, positive_int
+from aogpt.cli.common import add_common, emit_json, finite_float, int_arg, path_arg, positive_int
 
 DESCRIPTION = """\
 Tokenize a corpus into DIR/train.bin and DIR/val.bin (flat token ids, uint16 or uint32), DIR/meta.json
@@ -37,7 +37,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--corpus", default="shakespeare", metavar="NAME|PATH", help="what to tokenize (default shakespeare)"
     )
     p.add_argument("--tokenizer", default=None, metavar="SPEC", help="gpt2, bytes or bpe:N (default bpe:4096)")
-    p.add_argument("--out", default=None, metavar="DIR", help="output directory (default data/<corpus>-<tokenizer>)")
+    p.add_argument("--out", type=path_arg, default=None, metavar="DIR",
+                   help="output directory (default data/<corpus>-<tokenizer>)")
     p.add_argument(
         "--val-fraction",
         type=finite_float(gt=0, lt=1),

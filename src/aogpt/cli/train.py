@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from aogpt.cli.common import add_common, config_arg, emit_json, finite_float
+from aogpt.cli.common import add_common, config_arg, emit_json, finite_float, path_arg
 from aogpt.config import ModelConfig, TrainConfig
 
 
@@ -20,9 +19,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", default=None,
                    help="size and recipe: tiny, cpu-small (default), gpt2-small, gpt2-medium")
     p.add_argument("--variant", default=None, help="gpt, sigma, aogpt (default) or encoder-mdm")
-    p.add_argument("--data", type=Path, help="prepared data directory (from `aogpt prepare`)")
-    p.add_argument("--out", type=Path, required=True, help="run directory (checkpoints, metrics, plot)")
-    p.add_argument("--config", type=Path, help="JSON/TOML file with [model] and [train] overrides")
+    p.add_argument("--data", type=path_arg, help="prepared data directory (from `aogpt prepare`)")
+    p.add_argument("--out", type=path_arg, required=True, help="run directory (checkpoints, metrics, plot)")
+    p.add_argument("--config", type=path_arg, help="JSON/TOML file with [model] and [train] overrides")
     p.add_argument(
         "--set",
         action="append",
@@ -59,7 +58,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="shard with FSDP2 instead of DDP (under torchrun; CUDA, or CPU with gloo)")
     p.add_argument("--init-from", type=str, help="start from the raw weights of this checkpoint")
     p.add_argument("--resume", action="store_true", help="continue the newest checkpoint in --out")
-    p.add_argument("--resume-from", type=Path, help="continue from this checkpoint directory")
+    p.add_argument("--resume-from", type=path_arg, help="continue from this checkpoint directory")
     p.add_argument("--extend-to", type=config_arg(TrainConfig, "max_steps"), metavar="N",
                    help="with --resume: train on to step N, past the run's --max-steps; the learning rate "
                    "keeps the original schedule up to its end and stays at min_lr after it")

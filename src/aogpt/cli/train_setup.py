@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,13 +113,24 @@ class Plan:
             distributed.shutdown()
 
 
-def train_lock(args: argparse.Namespace) -> contextlib.AbstractContextManager:
+@contextlib.contextmanager
+def train_lock(args: argparse.Namespace) -> Iterator[None]:
     """The run directory's lock (`aogpt.io.directory_lock`), held by the main process from before
-    anything in --out is read until the run ends; none for --dry-run, which writes nothing."""
+    anything in --out is read until the run ends; none for --dry-run, which writes nothing. A run
+    directory made here and still empty when the command fails (a refused flag) is removed again."""
     if args.dry_run or int(os.environ.get("RANK", "0")) != 0:
-        return contextlib.nullcontext()
+        yield
+        return
+    existed = Path(args.out).exists()
     ensure_writable_dir(args.out)
-    return directory_lock(args.out, "aogpt train", inside=True)
+    try:
+        with directory_lock(args.out, "aogpt train", inside=True):
+            yield
+    except BaseException:
+        if not existed:
+            with contextlib.suppress(OSError):
+                Path(args.out).rmdir()  # only if empty
+        raise
 
 
 def _split_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -262,7 +274,8 @@ def _fit_vocab(cfg: ModelConfig, data: Any, model_over: dict[str, Any], resuming
     """Size the embedding for the data's tokenizer; refuse a model too small for the data."""
     need = int(data.tokenizer.vocab_size)
     if resuming or "vocab_size" in model_over:
-        have = cfg.vocab_size if resuming else int(model_over["vocab_size"])
+        have = cfg.vocab_size if resuming else model_over["vocab_size"]
+        cfg = apply_overrides(cfg, {"vocab_size": have}, "model config").validate()
         if have < need:
             raise AOGPTError(
                 f"the data was made with tokenizer {data.meta.get('tokenizer')} ({need} tokens) but the "
