@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,11 +60,11 @@ class Range:
     def problem(self, value: Any) -> str | None:
         """Why `value` is not in the range (None when it is)."""
         kind = "an integer" if self.integer else "a number"
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy scalars are Real too
             return f"must be {kind}, got {value!r}"
-        if self.integer and not isinstance(value, int):
+        if self.integer and not isinstance(value, numbers.Integral):
             return f"must be an integer, got {value!r}"
-        if isinstance(value, float) and not math.isfinite(value):
+        if not isinstance(value, numbers.Integral) and not math.isfinite(value):
             return f"must be a finite number {self.describe()}, got {value}"
         if self.le == INT64_MAX and value > INT64_MAX:
             return f"must be below 2^63, got {value!r}"

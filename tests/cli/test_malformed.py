@@ -140,6 +140,7 @@ CASES: list[tuple[list[str], str]] = [
     ([*R, "--preset", "gpt2-small"], "cannot change the preset when resuming"),
     ([*R, "--max-steps", "100"], "cannot change max_steps when resuming"),
     ([*R, "--extend-to", "2"], "--extend-to 2 is not past the checkpoint's step 6"),
+    (R, "is the end of its run (step 6 of 6)"),
     ([*R, "--lr", "0.5"], "cannot change lr"),
     ([*R, "--set", "model.n_layer=3"], "cannot change the model"),
     ([*R, "--variant", "gpt"], "cannot change the model"),

@@ -1,4 +1,5 @@
-"""Every option of every command, found by walking the parser, gets random values (hypothesis):
+"""Every option of every command, found by walking the parser, gets random values (hypothesis), in
+the company of up to two other options with random values:
 numbers of every size and sign, NaN and infinities, words, the option's own choices. Whatever the
 values, the command must succeed or print exactly one ``error:`` line with exit status 2: no
 traceback, and no file that existed before is changed.
@@ -22,9 +23,9 @@ from aogpt.checkpoint import list_checkpoints
 from aogpt.cli import build_parser
 from tests.cli.test_malformed import snapshot
 
-# 25 examples per command in the suite, the same ones every run; AOGPT_OPTION_EXAMPLES=500 draws
-# that many fresh ones (a longer hunt for bugs)
-EXAMPLES = int(os.environ.get("AOGPT_OPTION_EXAMPLES", 25))
+# 3 examples per option (1 for a flag without a value) in the suite, the same ones every run;
+# AOGPT_OPTION_EXAMPLES=50 draws that many fresh ones per option (a longer hunt for bugs)
+EXAMPLES = int(os.environ.get("AOGPT_OPTION_EXAMPLES", 3))
 DERANDOMIZE = "AOGPT_OPTION_EXAMPLES" not in os.environ
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "reference-checkpoints" / "ckpt_aogpt.pt"
 
@@ -113,14 +114,14 @@ def value_strategy(action: argparse.Action) -> st.SearchStrategy[list[str]]:
     return st.one_of(WORDS, NUMBERS).map(lambda v: [v])
 
 
-def argv_strategy(parser: argparse.ArgumentParser) -> st.SearchStrategy[list[str]]:
-    """One to three of the command's options, each with a random value (as ``--flag=value``, so a
-    value may start with a dash)."""
-    opts = options(parser)
+def argv_strategy(parser: argparse.ArgumentParser, first: argparse.Action) -> st.SearchStrategy[list[str]]:
+    """Option `first` and up to two more of the command's options, each with a random value (as
+    ``--flag=value``, so a value may start with a dash)."""
+    others = [a for a in options(parser) if a is not first]
 
     @st.composite
     def build(draw) -> list[str]:
-        chosen = draw(st.lists(st.sampled_from(opts), min_size=1, max_size=3, unique_by=id))
+        chosen = [first, *draw(st.lists(st.sampled_from(others), max_size=2, unique_by=id))]
         argv: list[str] = []
         for action in chosen:
             flag = max(action.option_strings, key=len)
@@ -144,9 +145,6 @@ def test_random_values_for_every_option(command, cli, bytes_data, tiny_run, tmp_
     parser = commands()[command]
     counter = iter(range(10**6))
 
-    @settings(max_examples=EXAMPLES, deadline=None, derandomize=DERANDOMIZE, database=None,
-              suppress_health_check=list(HealthCheck))
-    @given(extra=argv_strategy(parser))
     def check(extra: list[str]) -> None:
         fill = {"data": bytes_data, "run": tiny_run, "corpus": corpus, "t": tmp_path / f"new{next(counter)}"}
         argv = [a.format(**fill) for a in BASES[command]] + extra
@@ -165,5 +163,8 @@ def test_random_values_for_every_option(command, cli, bytes_data, tiny_run, tmp_
         errors = [line for line in lines if line.startswith("error:")]
         assert len(errors) == 1 and lines[-1] == errors[0], (argv, result.err)
 
-    check()
+    for action in options(parser):  # every option in turn, with random company
+        examples = 1 if action.nargs == 0 else EXAMPLES
+        settings(max_examples=examples, deadline=None, derandomize=DERANDOMIZE, database=None,
+                 suppress_health_check=list(HealthCheck))(given(extra=argv_strategy(parser, action))(check))()
     assert list_checkpoints(tiny_run)  # the shared run is intact

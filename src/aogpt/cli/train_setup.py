@@ -82,12 +82,15 @@ class Plan:
     show_progress: bool = True
 
     def run(self) -> dict[str, Any]:
-        """Train, holding the run directory's lock (`train_lock`) for the whole run."""
+        """Train (the caller holds the run directory's lock, `train_lock`). Leftovers of a killed run's
+        writes are removed first: unfinished checkpoint folders, temporary metrics and run files."""
         from aogpt.train import Trainer
 
         try:
             if self.info.is_main:
-                removed = remove_stale_temporaries(self.out, CKPT_PREFIX)  # left by a killed checkpoint write
+                removed = remove_stale_temporaries(self.out, CKPT_PREFIX)
+                for name in ("metrics.jsonl", "run.json"):
+                    remove_stale_temporaries(self.out, name)
                 if removed:
                     print(f"removed {len(removed)} unfinished checkpoint folder(s) of an interrupted run",
                           file=sys.stderr)
@@ -190,12 +193,15 @@ def _resume_configs(args: argparse.Namespace, ckpt: Path, preset: str | None, mo
     train_cfg = apply_overrides(
         apply_overrides(TrainConfig(), saved["train"], "checkpoint train config"), train_over, "train config"
     )
+    step = int(saved.get("step", 0))
     if args.extend_to is not None:
-        step = int(saved.get("step", 0))
         if args.extend_to <= step:
             raise AOGPTError(f"--extend-to {args.extend_to} is not past the checkpoint's step {step}",
                              f"pass a step above {step}")
         train_cfg = dataclasses.replace(train_cfg, schedule_steps=train_cfg.decay_steps, max_steps=args.extend_to)
+    elif step >= train_cfg.max_steps:
+        raise AOGPTError(f"{ckpt} is the end of its run (step {step} of {train_cfg.max_steps})",
+                         "pass --extend-to N to train on past it")
     return model_cfg, train_cfg.validate(), saved
 
 
