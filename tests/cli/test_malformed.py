@@ -61,6 +61,7 @@ CASES: list[tuple[list[str], str]] = [
     ([*T, "--grad-accum", "-2"], "argument --grad-accum"),
     ([*T, "--global-batch-tokens", "-1"], "argument --global-batch-tokens"),
     ([*T, "--global-batch-tokens", "7"], "not divisible"),
+    ([*T, "--global-batch-tokens", str(2**40)], "the accumulation steps derived from a global batch"),
     ([*T, "--ckpt-interval", "0"], "argument --ckpt-interval"),
     ([*T, "--ckpt-interval", "-1"], "argument --ckpt-interval"),
     ([*T, "--eval-interval", "0"], "argument --eval-interval"),

@@ -19,6 +19,7 @@ from aogpt.config import TrainConfig
 from aogpt.errors import AOGPTError
 from aogpt.families import family_of
 from aogpt.train import distributed
+from aogpt.validation import field_range
 
 
 def autocast_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
@@ -79,7 +80,11 @@ def accumulation_steps(cfg: TrainConfig, world_size: int, block_size: int) -> in
             f"micro-batch {cfg.batch_size} x block {block_size} = {per_micro}",
             "change --global-batch-tokens or --batch-size",
         )
-    return cfg.global_batch_tokens // per_micro
+    accum = cfg.global_batch_tokens // per_micro
+    limit = field_range(TrainConfig, "grad_accum")
+    limit.check(f"the accumulation steps derived from a global batch of {cfg.global_batch_tokens} tokens", accum,
+                "lower --global-batch-tokens, or raise --batch-size")
+    return accum
 
 
 def training_loss(model: nn.Module, idx: torch.Tensor, order: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

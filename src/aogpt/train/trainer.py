@@ -43,6 +43,7 @@ class Trainer:
         tokenizer: Any = None,
         show_progress: bool = True,
     ):
+        cfg.validate()  # every number in its range, also when the config was built by hand
         self.info = info or distributed.DistInfo()
         self.device = resolve_device(cfg.device, self.info.local_rank if self.info.enabled else None)
         self.model_cfg, self.cfg = model_cfg, cfg
