@@ -311,11 +311,11 @@ def test_gpt_refuses_parallel_or_any_order():
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(steps=0), "steps"), (dict(steps=13), "steps"), (dict(top_p=0.0), "top-p"), (dict(top_p=1.5), "top-p"),
+    (dict(steps=0), "steps"), (dict(steps=13), "steps"), (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"),
     (dict(temperature=0.0), "temperature"), (dict(temperature=-1.0), "temperature"), (dict(length=13), "context"),
     (dict(prompt=[1] * 12), "prompt"), (dict(policy="greedy"), "policy"), (dict(order="r2l"), "order"),
     (dict(order=[0, 0, 1]), "shape"), (dict(prompt=[99]), "vocabulary"), (dict(schedule="exp"), "schedule"),
-    (dict(batch_size=0), "batch size"), (dict(num_samples=0), "num_samples"), (dict(top_k=-1), "top-k"),
+    (dict(batch_size=0), "batch_size"), (dict(num_samples=0), "num_samples"), (dict(top_k=-1), "top_k"),
     (dict(order=[0, 0] + list(range(2, 12))), "permutation"),
 ])
 def test_bad_generation_input(kw, match):

@@ -106,8 +106,8 @@ def test_top_k_keeps_ties_and_k_largest():
 
 @pytest.mark.parametrize("kw,match", [
     (dict(temperature=0.0), "temperature"), (dict(temperature=-2.0), "temperature"),
-    (dict(temperature=float("nan")), "temperature"), (dict(top_p=0.0), "top-p"), (dict(top_p=1.01), "top-p"),
-    (dict(top_k=-1), "top-k"), (dict(dtype=torch.float16), "dtype"), (dict(vocab_limit=0), "vocab_limit"),
+    (dict(temperature=float("nan")), "temperature"), (dict(top_p=0.0), "top_p"), (dict(top_p=1.01), "top_p"),
+    (dict(top_k=-1), "top_k"), (dict(dtype=torch.float16), "dtype"), (dict(vocab_limit=0), "vocab_limit"),
 ])
 def test_bad_sampling_settings(kw, match):
     with pytest.raises(AOGPTError, match=match):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -149,9 +150,9 @@ def test_no_import_cycles_in_data() -> None:
 
 
 def test_data_depends_on_no_other_layer_above_it() -> None:
-    """aogpt.data uses only itself and the leaf helpers (errors, io), never models, training or the CLI."""
+    """aogpt.data uses only itself and the leaf helpers (errors, io, validation), never models, training or the CLI."""
     graph = import_graph()
-    allowed = {"aogpt.errors", "aogpt.io"}
+    allowed = {"aogpt.errors", "aogpt.io", "aogpt.validation"}
     wrong = {
         (module, target)
         for module, targets in graph.items()
@@ -230,3 +231,17 @@ def test_variant_comparison_checker_sees_comparisons(tmp_path: Path) -> None:
     src = tmp_path / "m.py"
     src.write_text('def f(cfg, v):\n    a = cfg.variant == "x"\n    b = v in ("gpt", "sigma")\n    return cfg.n == 2\n')
     assert variant_comparisons(src) == ["m.py:2", "m.py:3"]
+
+
+def test_the_test_command_prints_its_summary_line(tmp_path: Path) -> None:
+    """scripts/test.sh runs pytest with the project's options; its output must end with the summary
+    line (``N passed in S s``), which -qq or --no-summary in addopts would hide."""
+    root = SRC.parent
+    script = (root / "scripts" / "test.sh").read_text()
+    assert 'pytest -p no:cacheprovider "$@"' in script
+    (tmp_path / "test_one.py").write_text("def test_one():\n    assert True\n")
+    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-c",
+                             str(root / "pyproject.toml"), "--rootdir", str(tmp_path), str(tmp_path / "test_one.py")],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout
+    assert re.search(r"^1 passed in [\d.]+s", result.stdout.strip().splitlines()[-1]), result.stdout

@@ -34,6 +34,7 @@ from aogpt.errors import AOGPTError
 from aogpt.families import unwrap
 from aogpt.io import atomic_dir, read_json, write_json
 from aogpt.model import Transformer
+from aogpt.validation import require
 
 FORMAT = "aogpt-checkpoint/1"
 CKPT_PREFIX = "ckpt-"
@@ -105,11 +106,24 @@ def prune_checkpoints(run: Path, keep_last: int) -> None:
 
 
 def read_config(ckpt: Path) -> dict[str, Any]:
-    cfg = read_json(Path(ckpt) / "config.json", what="checkpoint config")
-    if not isinstance(cfg, dict) or cfg.get("format") != FORMAT or "model" not in cfg:
+    """config.json of a checkpoint, its shape checked: a missing key or a wrong type is one user
+    error naming it (the model section itself is checked by `model_config_from_dict`)."""
+    path = Path(ckpt) / "config.json"
+    cfg = read_json(path, what="checkpoint config")
+    if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
         raise AOGPTError(f"{ckpt} is not an aogpt checkpoint (config.json lacks format {FORMAT})",
                          "use `aogpt import` for the paper's .pt files")
+    fix = "the checkpoint's config.json is damaged: use another checkpoint of the run"
+    require(cfg, "model", dict, str(path), fix)
+    for key, kind in CONFIG_KEYS.items():
+        if key in cfg and cfg[key] is not None and (not isinstance(cfg[key], kind) or isinstance(cfg[key], bool)):
+            raise AOGPTError(f"{path}: {key} must be {kind.__name__}, got {cfg[key]!r}", fix)
+    if isinstance(cfg.get("step"), int) and cfg["step"] < 0:
+        raise AOGPTError(f"{path}: step must be >= 0, got {cfg['step']}", fix)
     return cfg
+
+
+CONFIG_KEYS = {"train": dict, "step": int, "tokenizer": str, "data": str, "preset": str, "last_eval": dict}
 
 
 def read_weights(ckpt: Path) -> dict[str, torch.Tensor]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import tomllib
 import types
 import typing
@@ -18,6 +19,8 @@ from typing import Any
 
 from aogpt.errors import AOGPTError, check_choice
 from aogpt.families import family
+from aogpt.orders import make_order_sampler
+from aogpt.validation import SEED_MAX, bounded, check_ranges
 
 # How the target position (the original position of the token a slot must predict) enters the model
 # (paper Fig. 6): none (left-to-right GPT), input (sigma-GPT as reproduced in the paper), input-concat
@@ -29,19 +32,22 @@ NORMS = ("layernorm", "rmsnorm")
 
 @dataclass
 class ModelConfig:
+    """The architecture. Every number states its range (`aogpt.validation.bounded`); `validate`
+    checks them and the combinations (a variant's injection, divisibility)."""
+
     variant: str = "aogpt"
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 256
-    block_size: int = 256
-    vocab_size: int = 8192
-    dropout: float = 0.0
+    n_layer: int = bounded(4, ge=1, le=1024)
+    n_head: int = bounded(4, ge=1, le=1024)
+    n_embd: int = bounded(256, ge=1, le=2**17)
+    block_size: int = bounded(256, ge=1, le=2**20)
+    vocab_size: int = bounded(8192, ge=1, le=2**31)
+    dropout: float = bounded(0.0, ge=0, lt=1)
     bias: bool = True  # biases in linear layers (and LayerNorm when norm == "layernorm")
     norm: str = "rmsnorm"
-    norm_eps: float = 1e-5
+    norm_eps: float = bounded(1e-5, gt=0, le=1)
     qk_norm: bool = True
     target: str = "adaln"
-    target_dim: int = 128  # width of AO-GPT's target-position table that drives adaLN
+    target_dim: int = bounded(128, ge=1, le=2**17)  # width of AO-GPT's target-position table that drives adaLN
     tie_head: bool = False
     head_bias: bool = True
     pos_init: str = "normal"  # initial position tables: "normal" (GPT-2) or "sinusoidal" (scaled to std 0.02)
@@ -57,6 +63,7 @@ class ModelConfig:
 
     def validate(self) -> ModelConfig:
         family(self.variant)  # a known variant (aogpt.families)
+        check_ranges(self, "model config", "fix it in --set model.KEY=VALUE or the config file")
         check_choice("target", self.target, TARGET_INJECTIONS)
         check_choice("norm", self.norm, NORMS)
         check_choice("pos_init", self.pos_init, ("normal", "sinusoidal"))
@@ -72,42 +79,68 @@ class ModelConfig:
             raise AOGPTError("target input-concat needs an even n_embd", "change n_embd")
         if self.tie_head and self.head_bias:
             raise AOGPTError("a tied output head has no bias in this model", "set head_bias false")
-        for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "target_dim"):
-            if getattr(self, name) < 1:
-                raise AOGPTError(f"{name} must be positive", "fix the config")
         return self
+
+
+STEPS_MAX = 10**9  # steps, intervals and warmups: more would run for years
 
 
 @dataclass
 class TrainConfig:
-    batch_size: int = 16  # sequences per micro-batch (per process)
-    grad_accum: int = 1
-    global_batch_tokens: int = 0  # if > 0: grad_accum is derived from it (and the world size)
-    max_steps: int = 1000
-    max_minutes: float = 0.0  # if > 0: stop after this much training time (a checkpoint is written)
-    lr: float = 1e-3
-    min_lr: float = 1e-4
-    warmup_steps: int = 50
-    weight_decay: float = 0.05
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    ema_decay: float = 0.999
+    """Optimisation, orders, evaluation and checkpoints. Every number states its range
+    (`aogpt.validation.bounded`); `validate` checks them and the combinations."""
+
+    batch_size: int = bounded(16, ge=1, le=2**24)  # sequences per micro-batch (per process)
+    grad_accum: int = bounded(1, ge=1, le=2**20)
+    global_batch_tokens: int = bounded(0, ge=0, le=2**48)  # if > 0: grad_accum is derived from it
+    max_steps: int = bounded(1000, ge=1, le=STEPS_MAX)
+    max_minutes: float = bounded(0.0, ge=0, le=1e8)  # if > 0: stop after this much training time
+    lr: float = bounded(1e-3, gt=0, le=1)
+    min_lr: float = bounded(1e-4, ge=0, le=1)  # at most lr
+    warmup_steps: int = bounded(50, ge=0, le=STEPS_MAX)
+    # where the cosine decay reaches min_lr (0: at max_steps); `--extend-to` keeps the original
+    # horizon here, so steps past it run at min_lr
+    schedule_steps: int = bounded(0, ge=0, le=STEPS_MAX)
+    weight_decay: float = bounded(0.05, ge=0, le=1)
+    beta1: float = bounded(0.9, ge=0, lt=1)
+    beta2: float = bounded(0.95, ge=0, lt=1)
+    grad_clip: float = bounded(1.0, ge=0, le=1e6)  # 0: no clipping
+    ema_decay: float = bounded(0.999, ge=0, lt=1)
     ema_warmup: bool = True  # decay min(ema_decay, (1+u)/(10+u)) after u updates, as the reference
     order: str = "mixture"  # see aogpt.orders
-    eval_interval: int = 100
-    eval_batches: int = 8
-    eval_orders_seed: int = 1234
-    log_interval: int = 10
-    ckpt_interval: int = 500
-    keep_last: int = 2
-    seed: int = 1337
+    eval_interval: int = bounded(100, ge=1, le=STEPS_MAX)
+    eval_batches: int = bounded(8, ge=1, le=10**6)
+    eval_orders_seed: int = bounded(1234, ge=0, le=SEED_MAX)
+    log_interval: int = bounded(10, ge=1, le=STEPS_MAX)
+    ckpt_interval: int = bounded(500, ge=1, le=STEPS_MAX)
+    keep_last: int = bounded(2, ge=0, le=10**6)  # 0: keep every checkpoint
+    seed: int = bounded(1337, ge=0, le=SEED_MAX)
     device: str = "auto"
     dtype: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     compile: bool = False
     fsdp: bool = False
     init_from: str = ""  # a checkpoint directory to start from (weights only)
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes saved with the run
+
+    @property
+    def decay_steps(self) -> int:
+        """The step where the cosine decay reaches `min_lr`."""
+        return self.schedule_steps or self.max_steps
+
+    def validate(self) -> TrainConfig:
+        check_ranges(self, "train config", "fix the flag, --set train.KEY=VALUE or the config file")
+        if self.min_lr > self.lr:
+            raise AOGPTError(f"train config: min_lr {self.min_lr:g} is above lr {self.lr:g}",
+                             "use a min_lr at most the learning rate")
+        check_choice("dtype", self.dtype, DTYPES)
+        if not DEVICE.fullmatch(self.device):
+            raise AOGPTError(f"unknown device {self.device!r}", "use auto, cpu, cuda or cuda:N")
+        make_order_sampler(self.order)  # an unknown or malformed order spec is refused here
+        return self
+
+
+DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+DEVICE = re.compile(r"auto|cpu|cuda(:\d{1,3})?|mps")
 
 
 # Named presets: model sizes and the training recipe that goes with them.
@@ -153,7 +186,7 @@ def train_config(preset: str | None = None, variant: str = "aogpt", **overrides:
     if preset is not None:
         fields.update(get_preset(preset)["train"])
     fields.update(overrides)
-    return apply_overrides(TrainConfig(), fields, where="train config")
+    return apply_overrides(TrainConfig(), fields, where="train config").validate()
 
 
 def get_preset(name: str) -> dict[str, dict[str, Any]]:

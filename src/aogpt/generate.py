@@ -29,6 +29,7 @@ from aogpt.generation.conditioning import Conditioning, parse_template, prompt_c
 from aogpt.generation.plan import base_orders, chain_orders, resolve_order, step_counts
 from aogpt.generation.settings import DecodePlan, GenerationSettings, settings_from
 from aogpt.inference import for_inference
+from aogpt.memory import check_fits, generation_bytes
 from aogpt.schedules import count_schedule
 
 __all__ = ["Conditioning", "DecodePlan", "GenerationResult", "GenerationSettings", "generate", "infill",
@@ -130,6 +131,9 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
     if seed is None:
         seed = int.from_bytes(os.urandom(8), "little") >> 2
     device = next(model.parameters()).device
+    check_fits(generation_bytes(model.config, batch_size, n, steps, num_samples, use_cache=settings.use_cache,
+                                kv_cache=fam.kv_cache, record_logits=record_logits), device, "generation",
+               "the batch size (--batch-size), the number of samples (-n) or the length (--length)")
     gens = make_generators(int(seed), device)
     if teacher_tokens is not None:
         teacher_tokens = torch.as_tensor(teacher_tokens, dtype=torch.long).to(device)

@@ -21,7 +21,9 @@ they are (`aogpt.checkpoint`).
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -167,7 +169,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block. `cond` is the block's target information: the adaLN modulation
     (shift/scale/gate for attention and MLP) for AO-GPT, an embedding added to the block input for
-    the every-block / per-block injections, or None."""
+    the every-block / per-block injections, or None. It may also be a function of the block that
+    computes it: then it runs inside the block's forward, where an FSDP2-sharded block has its
+    weights gathered."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
@@ -189,6 +193,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cond: torch.Tensor | None, attn_mask: torch.Tensor | None,
                 cache: KVCache | None, cache_pos: int | torch.Tensor | PackedSlots | None = None) -> torch.Tensor:
+        if callable(cond):
+            cond = cond(self)
         if not self.adaptive:
             if cond is not None:
                 x = x + cond
@@ -318,16 +324,17 @@ class Transformer(nn.Module):
         return Conditions([b.condition(positions) for b in self.transformer.h],
                           self.transformer.final_layer.condition(positions))
 
-    def _block_conditions(self, target: torch.Tensor, conditions: Conditions | None) -> list[torch.Tensor | None]:
+    def _block_conditions(self, target: torch.Tensor, conditions: Conditions | None) -> list[Any]:
         kind, blocks = self.config.target, self.transformer.h
         if kind == "adaln":
-            tables = conditions.blocks if conditions is not None else [None] * len(blocks)
-            return [self._adaptive(b, target, t) for b, t in zip(blocks, tables, strict=True)]
+            if conditions is not None:
+                return [F.embedding(target, table) for table in conditions.blocks]
+            return [functools.partial(self._adaptive, target=target)] * len(blocks)  # computed by each block
         if kind == "every-block":
             shared = embed_target(self.transformer.wtpe, target)
             return [shared] * len(blocks)
         if kind == "per-block":
-            return [embed_target(b.wtpe, target) for b in blocks]
+            return [lambda block: embed_target(block.wtpe, target)] * len(blocks)
         return [None] * len(blocks)
 
     def forward_slots(self, tokens: torch.Tensor, pos: torch.Tensor, target: torch.Tensor | None = None, *,

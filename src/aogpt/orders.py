@@ -27,6 +27,11 @@ from __future__ import annotations
 import torch
 
 from aogpt.errors import AOGPTError
+from aogpt.validation import SEED_MAX, Range
+
+_SEED = Range(ge=0, le=SEED_MAX, integer=True)
+_BLOCK = Range(ge=2, le=2**20, integer=True)
+_PROBABILITY = Range(ge=0, le=1)
 
 ORDER_SPECS = ("l2r", "uniform", "mixture[:P]", "fixed-random[:SEED]", "blockwise[:K[:SEED]]")
 ALIASES = {"random": "uniform"}  # generation's and evaluation's historical name for uniform orders
@@ -130,6 +135,19 @@ def blockwise_order(n: int, k: int, seed: int | None = None) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def _arg(spec: str, what: str, bounds: Range, text: str) -> int | float:
+    """One argument of an order spec, in its range."""
+    try:
+        return bounds.parse(text)
+    except ValueError as exc:
+        raise AOGPTError(f"order {spec!r}: the {what} {exc}", f"e.g. {ORDER_EXAMPLES[spec.partition(':')[0]]}") \
+            from None
+
+
+ORDER_EXAMPLES = {"mixture": "mixture:0.1", "fixed-random": "fixed-random:7",
+                  "blockwise": "blockwise:4 or blockwise:8:3"}
+
+
 def make_order_sampler(spec: str) -> OrderSampler:
     """Parse an order spec (see the module docstring) into a sampler."""
     if isinstance(spec, OrderSampler):
@@ -143,13 +161,13 @@ def make_order_sampler(spec: str) -> OrderSampler:
         if name == "uniform" and not args:
             return Uniform()
         if name == "mixture" and len(args) <= 1:
-            return Mixture(float(args[0]) if args else 0.1)
+            return Mixture(_arg(spec, "probability", _PROBABILITY, args[0]) if args else 0.1)
         if name == "fixed-random" and len(args) <= 1:
-            seed = int(args[0]) if args else 0
+            seed = _arg(spec, "seed", _SEED, args[0]) if args else 0
             return Fixed(f"fixed-random:{seed}", lambda n: _seeded_permutation(n, seed))
         if name == "blockwise" and len(args) <= 2:
-            k = int(args[0]) if args else 4
-            seed = int(args[1]) if len(args) > 1 else None
+            k = _arg(spec, "block size", _BLOCK, args[0]) if args else 4
+            seed = _arg(spec, "seed", _SEED, args[1]) if len(args) > 1 else None
             block_permutation(k, seed)  # validate now, not at the first batch
             label = f"blockwise:{k}" + (f":{seed}" if seed is not None else "")
             return Fixed(label, lambda n: blockwise_order(n, k, seed))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections.abc import Callable
@@ -43,12 +42,14 @@ def save_png(draw: Callable[[Any], None], out_png: Path, figsize: tuple[float, f
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    if Path(path).is_file():
-        for line in Path(path).read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                rows.append(json.loads(line))
-    return rows
+    """The records of a metrics log (`aogpt.io.read_jsonl`; a torn last line is left out quietly)."""
+    from aogpt.errors import AOGPTError
+    from aogpt.io import read_jsonl as read
+
+    try:
+        return read(path, warn=False)
+    except AOGPTError:  # a damaged log: no plot rather than a failed run
+        return []
 
 
 def plot_loss_curves(metrics_path: Path, out_png: Path, title: str = "") -> Path | None:

@@ -2,7 +2,8 @@
 
 On a terminal, `progress(...)` is the usual tqdm bar. When stderr is a log file, a pipe or CI, a
 redrawn bar would flood it, so instead a `Heartbeat` prints one plain line at most every
-`AOGPT_HEARTBEAT_SECONDS` seconds (default 30, read when the bar is made) and one at the end:
+`AOGPT_HEARTBEAT_SECONDS` seconds (default 30, read when the bar is made) and one at the end (none
+when nothing was done or the work failed, so a refused input prints its error line alone):
 
     train: 120/850 steps (14%), loss 5.123, tok_s 4,500, elapsed 1m10s, ETA 6m02s
 
@@ -91,17 +92,20 @@ class Heartbeat:
     def set_description(self, desc: str | None = None, refresh: bool = True) -> None:
         self.desc = desc or ""
 
-    def close(self) -> None:
-        """Print the last line (once)."""
+    def close(self, failed: bool = False) -> None:
+        """Print the last line (once), if any progress was made; none when the work `failed` (its
+        error line says what happened) or never started (an input refused before any work: the
+        error stays the only line)."""
         if not self.closed:
-            self._beat()
+            if not failed and self.n != self.initial:
+                self._beat()
             self.closed = True
 
     def __enter__(self) -> Heartbeat:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(failed=exc_type is not None)
 
     # ------------------------------------------------------------------ the line
     def line(self) -> str:

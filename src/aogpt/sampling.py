@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from aogpt.errors import AOGPTError
+from aogpt.validation import bounded, check_ranges
 
 PARTIAL = 64  # values selected before sorting (CPU); rows whose nucleus is larger are sorted whole
 
@@ -30,24 +31,17 @@ PARTIAL = 64  # values selected before sorting (CPU); rows whose nucleus is larg
 class SamplingConfig:
     """How one token is drawn from the model's logits."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0: no top-k truncation
+    temperature: float = bounded(1.0, gt=0)
+    top_p: float = bounded(1.0, gt=0, le=1)  # 1: no nucleus truncation
+    top_k: int = bounded(0, ge=0, le=2**31)  # 0: no top-k truncation
     greedy: bool = False
     dtype: torch.dtype = torch.float64  # precision of the softmax and the categorical draw
-    vocab_limit: int | None = None  # ids >= this (vocabulary padding) are never sampled
+    vocab_limit: int | None = bounded(None, ge=1, le=2**31, integer=True)  # ids >= this (padding) never sampled
 
     def validate(self) -> SamplingConfig:
-        if not self.temperature > 0 or self.temperature != self.temperature:
-            raise AOGPTError(f"temperature must be > 0, got {self.temperature}", "use e.g. --temperature 1.0")
-        if not 0.0 < self.top_p <= 1.0:
-            raise AOGPTError(f"top-p must lie in (0, 1], got {self.top_p}", "use e.g. --top-p 0.95 (1 disables it)")
-        if self.top_k < 0:
-            raise AOGPTError(f"top-k must be >= 0, got {self.top_k}", "use 0 to disable it")
+        check_ranges(self, "sampling")
         if self.dtype not in (torch.float64, torch.float32):
             raise AOGPTError(f"sampling dtype {self.dtype} is not supported", "use torch.float64 or torch.float32")
-        if self.vocab_limit is not None and self.vocab_limit < 1:
-            raise AOGPTError(f"vocab_limit must be positive, got {self.vocab_limit}", "pass the tokenizer's vocab size")
         return self
 
     def to_dict(self) -> dict[str, Any]:

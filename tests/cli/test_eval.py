@@ -29,7 +29,10 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def run(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
-    rc = main(["eval", "--device", "cpu", *argv])
+    try:
+        rc = main(["eval", "--device", "cpu", *argv])
+    except SystemExit as exc:  # the parser's own errors (a number out of its range)
+        rc = exc.code
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -128,8 +131,8 @@ def test_generation_perplexity(ckpts: dict, tmp_path: Path, capsys: pytest.Captu
 
 
 @pytest.mark.parametrize("extra, what", [
-    (["-K", "0", "--order", "random"], "number of orders"),
-    (["-M", "0"], "ensemble size"),
+    (["-K", "0", "--order", "random"], "argument --num-orders/-K: must be in [1, 10000], got 0"),
+    (["-M", "0"], "argument --ensemble/-M"),
     (["--block-len", "17"], "exceeds the model's context of 16"),
     (["--data", "no-such-set"], "unknown data"),
     (["--suite", "imdb"], "unknown evaluation set"),

@@ -40,19 +40,26 @@ def test_train_json_summary_checkpoint_and_plot(cli, bytes_data, tmp_path):
     assert loaded.config.vocab_size == 320  # bytes: 257 ids padded to a multiple of 64
 
 
-def test_resume_via_cli_equals_uninterrupted(cli, bytes_data, tmp_path):
+def test_extend_to_keeps_the_schedule_and_equals_an_uninterrupted_run(cli, bytes_data, tmp_path):
     args = ("--preset", "tiny", "--data", bytes_data, "--no-progress", "--set", "train.eval_interval=3",
-            "--set", "train.ckpt_interval=3", "--set", "log_interval=1")
-    assert cli("train", *args, "--out", tmp_path / "a", "--max-steps", "6").code == 0
+            "--set", "train.ckpt_interval=3", "--set", "log_interval=1", "--set", "train.warmup_steps=1")
+    # the rule: the original cosine up to the old horizon (3), min_lr after it, as if schedule_steps=3
+    assert cli("train", *args, "--out", tmp_path / "a", "--max-steps", "6", "--set", "train.schedule_steps=3").code == 0
     assert cli("train", *args, "--out", tmp_path / "b", "--max-steps", "3").code == 0
-    assert cli("train", "--out", tmp_path / "b", "--resume", "--max-steps", "6", "--no-progress").code == 0
+    refused = cli("train", "--out", tmp_path / "b", "--resume", "--max-steps", "6")
+    one_line_error(refused, "cannot change max_steps", "--extend-to")
+    assert cli("train", "--out", tmp_path / "b", "--resume", "--extend-to", "6", "--no-progress").code == 0
 
     def rows(run):
         data = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in data]
 
-    # steps 1-3 are warmup (the same whatever max_steps is), and the resumed run's schedule is a's
     assert rows(tmp_path / "a") == rows(tmp_path / "b")
+    lrs = [r["lr"] for r in rows(tmp_path / "b") if r["kind"] == "train"]
+    assert lrs[3:] == [3e-4] * 3 and lrs[0] == 3e-3 and lrs[2] > 3e-4  # tiny: lr 3e-3, min_lr 3e-4
+    saved = json.loads((tmp_path / "b" / "run.json").read_text())["train"]
+    assert (saved["max_steps"], saved["schedule_steps"]) == (6, 3)
+    one_line_error(cli("train", "--out", tmp_path / "b", "--resume", "--extend-to", "5"), "not past")
 
 
 def test_dry_run(cli):
@@ -98,7 +105,7 @@ def test_resume_with_data_of_another_tokenizer(cli, tiny_run, tmp_path, make_cor
 
     other = tmp_path / "other"
     prepare(str(make_corpus(tmp_path / "c", docs=4)), "bpe:300", other, val_fraction=0.25, progress=False)
-    one_line_error(cli("train", "--out", tiny_run, "--resume", "--data", other, "--max-steps", "8"), "tokenizer")
+    one_line_error(cli("train", "--out", tiny_run, "--resume", "--data", other, "--extend-to", "8"), "tokenizer")
 
 
 def test_block_size_beyond_the_models(cli, bytes_data, tiny_run, tmp_path):
@@ -127,11 +134,11 @@ def test_corrupted_checkpoint_is_refused_by_name_and_kept(cli, bytes_data, tmp_p
     good, bad = list_checkpoints(run)
     weights = bad / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
-    one_line_error(cli("train", "--out", run, "--resume", "--max-steps", "8"), "model.safetensors", "corrupted")
+    one_line_error(cli("train", "--out", run, "--resume", "--extend-to", "8"), "model.safetensors", "corrupted")
     assert good.is_dir() and bad.is_dir()
-    assert cli("train", "--out", run, "--resume-from", good, "--max-steps", "6", "--no-progress").code == 0
+    assert cli("train", "--out", run, "--resume-from", good, "--extend-to", "6", "--no-progress").code == 0
     (good.parent / "ckpt-0000006" / "trainer.pt").write_bytes(b"not a pickle")
-    one_line_error(cli("train", "--out", run, "--resume", "--max-steps", "8"), "trainer.pt")
+    one_line_error(cli("train", "--out", run, "--resume", "--extend-to", "8"), "trainer.pt")
 
 
 def test_changing_the_model_on_resume_is_refused(cli, tiny_run):

@@ -136,7 +136,7 @@ def test_refusals():
     with pytest.raises(AOGPTError, match="cannot draft"):
         generate(tiny("gpt", vocab=5, block=6), num_samples=1, length=6, speculative=2)
     model = tiny("aogpt", vocab=5, block=6)
-    for kw, match in ((dict(speculative=0), "K >= 1"), (dict(speculative="fast"), "K >= 1"),
+    for kw, match in ((dict(speculative=0), "draft length K"), (dict(speculative="fast"), "draft length K"),
                       (dict(speculative=2, steps=3), "steps and policy"),
                       (dict(speculative=2, record_logits=True), "its own tokens")):
         with pytest.raises(AOGPTError, match=match):

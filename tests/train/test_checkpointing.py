@@ -40,3 +40,19 @@ def test_resume_drops_metrics_written_after_the_checkpoint(tmp_path):
     t2 = make(tmp_path / "r")
     t2.resume(ckpt6)
     assert max(r["step"] for r in records(tmp_path / "r")) == 6
+
+
+@pytest.mark.parametrize("stop", [1, 5, 7, 11])
+def test_stopped_at_any_step_and_resumed_writes_the_metrics_of_an_uninterrupted_run(tmp_path, stop):
+    """SIGTERM (or the time limit) at a step off the log, eval and checkpoint cadences: the open loss
+    window goes into the checkpoint and the extra validation stays out of metrics.jsonl."""
+    (tmp_path / "full").mkdir()
+    make(tmp_path / "full", log_interval=3).fit()
+    (tmp_path / "cut").mkdir()
+    first = make(tmp_path / "cut", log_interval=3)
+    stop_after(first, stop)
+    assert first.fit()["step"] == stop
+    second = make(tmp_path / "cut", log_interval=3)
+    second.resume(list_checkpoints(tmp_path / "cut")[-1])
+    second.fit()
+    assert records(tmp_path / "cut") == records(tmp_path / "full")

@@ -1,5 +1,5 @@
-"""DDP on CPU: two gloo processes under torchrun follow the one-process trajectory for the same
-global batch, and a run resumes with a different world size."""
+"""DDP and FSDP2 on CPU: two gloo processes under torchrun follow the one-process trajectory for the
+same global batch, a DDP run resumes with a different world size and an FSDP run resumes sharded."""
 
 from __future__ import annotations
 
@@ -39,18 +39,27 @@ def aogpt(*args, procs=1):
     return result
 
 
-def test_ddp_matches_one_process_and_resumes_with_another_world_size(tmp_path, bytes_data):
+def test_ddp_and_fsdp_match_one_process_and_resume(tmp_path, bytes_data):
     common = ["train", "--preset", "tiny", "--data", bytes_data, "--no-progress", "--device", "cpu",
               "--global-batch-tokens", 512, "--batch-size", 8, "--set", "train.eval_interval=2",
               "--set", "train.ckpt_interval=2", "--set", "log_interval=1", "--max-steps", 4]
-    one, two = tmp_path / "one", tmp_path / "two"
+    one, two, sharded = tmp_path / "one", tmp_path / "two", tmp_path / "fsdp"
     aogpt(*common, "--out", one)  # accumulation 2 x 8 sequences
     aogpt(*common, "--out", two, procs=2)  # 2 ranks x 8 sequences
+    aogpt(*common, "--out", sharded, "--fsdp", procs=2)  # 2 ranks, each holding half of every weight
     assert_close_rows(rows(one), rows(two))
+    assert_close_rows(rows(one), rows(sharded))
+    assert json.loads((sharded / "run.json").read_text())["train"]["fsdp"] is True
     assert json.loads((two / "run.json").read_text())["train"]["global_batch_tokens"] == 512
 
-    # resume both to step 6 with the world size swapped: still the same trajectory
-    aogpt("train", "--out", one, "--resume", "--max-steps", 6, "--no-progress", procs=2)
-    aogpt("train", "--out", two, "--resume", "--max-steps", 6, "--no-progress")
-    assert_close_rows(rows(one), rows(two))
+    # the one-process run resumes with 2 processes (DDP), the FSDP run sharded: still the same trajectory
+    aogpt("train", "--out", one, "--resume", "--extend-to", 6, "--no-progress", procs=2)
+    aogpt("train", "--out", sharded, "--resume", "--extend-to", 6, "--no-progress", procs=2)
+    assert_close_rows(rows(one), rows(sharded))
     assert max(r["step"] for r in rows(one)) == 6
+
+
+def test_fsdp_without_torchrun_is_refused(cli, bytes_data, tmp_path):
+    result = cli("train", "--preset", "tiny", "--data", bytes_data, "--out", tmp_path / "r", "--fsdp")
+    assert result.code == 2 and result.err.strip() == (
+        "error: --fsdp shards the model over several processes (launch with torchrun, or drop --fsdp)")

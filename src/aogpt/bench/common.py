@@ -87,6 +87,25 @@ def build_model(variant: str, size: Size, block_size: int, device: torch.device,
     return Transformer(size.config(variant, block_size)).to(device).eval()
 
 
+def check_memory(size: Size, n: int, batch: int, device: torch.device, variants: list[str] | tuple[str, ...],
+                 work: str) -> None:
+    """Refuse a benchmark whose models and largest piece of work cannot fit in memory (before any
+    model is built): `work` is "train" (one training step), "generate" (the worst contender: T = 1
+    without a cache) or "score" (one scoring forward; the encoder's n passes run one at a time)."""
+    from aogpt.memory import check_fits, evaluation_bytes, generation_bytes, training_bytes, weights_bytes
+
+    cfgs = [size.config(v, n) for v in variants]
+    weights = sum(weights_bytes(c) for c in cfgs)
+    if work == "train":
+        per = max(training_bytes(c, batch) for c in cfgs)
+    elif work == "generate":
+        per = max(generation_bytes(c, batch, n, 1, batch, use_cache=False, kv_cache=False) for c in cfgs)
+    else:
+        per = max(evaluation_bytes(c, batch, n) for c in cfgs)
+    check_fits(weights + per, device, f"the {work} benchmark", "--n (or --block), --batch or the model size "
+               "(--layers, --width, --vocab)")
+
+
 def default_size(checkpoints: dict[str, Path], size: Size | None) -> Size:
     """An explicit size; else the first checkpoint's; else the default size."""
     if size is not None:

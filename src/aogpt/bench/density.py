@@ -19,6 +19,7 @@ from aogpt.bench.common import (
     Size,
     Target,
     build_model,
+    check_memory,
     default_size,
     describe_environment,
     environment,
@@ -48,6 +49,7 @@ def bench_density(*, n: int = 256, batch: int = 1, size: Size | None = None, rep
     dev = resolve_device(device)
     checkpoints = checkpoints or {}
     size = default_size(checkpoints, size)
+    check_memory(size, n, batch, dev, VARIANTS, "score")
     models = {v: build_model(v, size, n, dev, seed, checkpoints.get(v)) for v in VARIANTS}
     g = torch.Generator().manual_seed(seed)
     idx = torch.randint(size.vocab_size, (batch, n), generator=g).to(dev)

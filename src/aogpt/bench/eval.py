@@ -31,6 +31,7 @@ from aogpt.bench.common import (
     Size,
     Target,
     build_model,
+    check_memory,
     default_size,
     describe_environment,
     environment,
@@ -91,6 +92,7 @@ def bench_eval(*, n: int = 128, batch: int = 16, size: Size | None = None, membe
 
     dev = resolve_device(device)
     size = default_size({}, size)
+    check_memory(size, n, batch, dev, [VARIANT], "train")
     model = build_model(VARIANT, size, n, dev, seed)
     g = torch.Generator().manual_seed(seed)
     data = torch.randint(size.vocab_size, (batch, n), generator=g).to(dev)

@@ -36,6 +36,7 @@ from aogpt.bench.common import (
     QUICK_SIZE,
     Size,
     build_model,
+    check_memory,
     default_size,
     environment,
     interleaved_timings,
@@ -121,6 +122,7 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
     dev = resolve_device(device)
     checkpoints = checkpoints or {}
     size = default_size(checkpoints, size)
+    check_memory(size, n, batch, dev, sorted({METHODS[m].variant or "gpt" for m in methods}), "generate")
     skipped: dict[str, str] = {}
     if "hf-gpt2" in methods and not hf_gpt2.available():
         skipped["hf-gpt2"] = "transformers is not installed (pip install transformers)"

@@ -17,6 +17,7 @@ from aogpt.bench.common import (
     QUICK_SIZE,
     Size,
     Target,
+    check_memory,
     default_size,
     describe_environment,
     environment,
@@ -55,6 +56,7 @@ def bench_train(*, block: int = 256, batch: int = 8, size: Size | None = None,
     dev = resolve_device(device)
     size = default_size({}, size)
     variants = list(dict.fromkeys(variants))
+    check_memory(size, block, batch, dev, variants, "train")
     trainers: dict[str, Any] = {}
     for v in variants:
         tcfg = train_config(None, v, batch_size=batch, max_steps=10 ** 9, warmup_steps=10, eval_interval=10 ** 9,

@@ -4,32 +4,43 @@ evaluation and of data preparation, on your hardware. Behaviour and decisions: d
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
-from aogpt.cli.common import add_common, emit_json, progress
+from aogpt.cli.common import add_common, config_arg, emit_json, finite_float, int_arg, path_arg, positive_int, progress
+from aogpt.cli.prepare import MAX_WORKERS
+from aogpt.config import ModelConfig
 from aogpt.errors import AOGPTError
+from aogpt.sampling import SamplingConfig
 
 HELP = ("speed benchmarks: generation time vs steps (paper Fig. 5), exact-likelihood cost, training steps, "
         "evaluation, data preparation")
+LENGTH = config_arg(ModelConfig, "block_size")  # tokens per sequence: a model context
+REPEATS = int_arg(ge=1, le=1000)  # runs per measurement (or timed steps)
+BATCH = int_arg(ge=1, le=2**20)
+THREADS = int_arg(ge=1, le=4096)
+LONG_RUN = finite_float(gt=0, le=1e6)  # seconds
 EPILOG = "Random weights by default (timing does not depend on them); see docs/benchmarks.md."
 
 
 def _size_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model size (equal for every contender; default 4 layers / 256 / 4 heads / 8192)")
-    g.add_argument("--layers", type=int, default=None, metavar="L", help="transformer blocks")
-    g.add_argument("--width", type=int, default=None, metavar="D", help="embedding width")
-    g.add_argument("--heads", type=int, default=None, metavar="H", help="attention heads")
-    g.add_argument("--vocab", type=int, default=None, metavar="V", help="vocabulary size")
+    g.add_argument("--layers", type=config_arg(ModelConfig, "n_layer"), default=None, metavar="L",
+                   help="transformer blocks")
+    g.add_argument("--width", type=config_arg(ModelConfig, "n_embd"), default=None, metavar="D", help="embedding width")
+    g.add_argument("--heads", type=config_arg(ModelConfig, "n_head"), default=None, metavar="H", help="attention heads")
+    g.add_argument("--vocab", type=config_arg(ModelConfig, "vocab_size"), default=None, metavar="V",
+                   help="vocabulary size")
 
 
 def _run_flags(p: argparse.ArgumentParser, checkpoints: bool = True, device: bool = True) -> None:
     p.add_argument("--quick", action="store_true", help="a tiny smoke configuration that runs in seconds")
     if device:
         p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
-        p.add_argument("--threads", type=int, default=None, metavar="N",
+        p.add_argument("--threads", type=THREADS, default=None, metavar="N",
                        help="CPU threads for torch (default: torch's)")
-    p.add_argument("--out", type=Path, default=Path("bench-results"), metavar="DIR",
+    p.add_argument("--out", type=path_arg, default=Path("bench-results"), metavar="DIR",
                    help="where the markdown table and JSON (and PNG) go (default bench-results)")
     if checkpoints:
         p.add_argument("--checkpoint", action="append", default=[], metavar="VARIANT=PATH",
@@ -48,17 +59,18 @@ def add_parser(subparsers: Any) -> None:
                        "the encoder-only MDM with and without no-op skipping, our left-to-right GPT and transformers' "
                        "GPT-2, at equal size, batch and n, side by side, over T; writes DIR/generate.md, .json and "
                        ".png (paper Figure 5). " + EPILOG)
-    g.add_argument("--n", type=int, default=None, help="sequence length (default 256; try 1024 on a GPU)")
-    g.add_argument("--batch", type=int, default=None, help="sequences per batch (default 8)")
+    g.add_argument("--n", type=LENGTH, default=None, help="sequence length (default 256; try 1024 on a GPU)")
+    g.add_argument("--batch", type=BATCH, default=None, help="sequences per batch (default 8)")
     g.add_argument("--steps", default=None, metavar="T,T,...", help="generation steps (default 16,32,64,128,256)")
     g.add_argument("--methods", default=None, metavar="M,M,...",
                    help="aogpt, aogpt-count, aogpt-nocache, encoder, encoder-noskip, encoder-est (T x one timed "
                    "pass: for long n), gpt, hf-gpt2 (transformers GPT-2; default: all but encoder-est)")
-    g.add_argument("--top-p", type=float, default=1.0,
+    g.add_argument("--top-p", type=config_arg(SamplingConfig, "top_p"), default=1.0,
                    help="nucleus sampling threshold for every contender (default 1)")
-    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for every contender")
-    g.add_argument("--repeats", type=int, default=None, help="runs per measurement, median reported (default 3)")
-    g.add_argument("--long-run", type=float, default=20.0, metavar="S",
+    g.add_argument("--temperature", type=config_arg(SamplingConfig, "temperature"), default=1.0,
+                   help="sampling temperature for every contender")
+    g.add_argument("--repeats", type=REPEATS, default=None, help="runs per measurement, median reported (default 3)")
+    g.add_argument("--long-run", type=LONG_RUN, default=20.0, metavar="S",
                    help="measurements whose first run takes longer than S seconds are not repeated (default 20)")
     _size_flags(g)
     _run_flags(g)
@@ -67,10 +79,10 @@ def add_parser(subparsers: Any) -> None:
     d = sub.add_parser("density", help="cost of one exact likelihood: decoder 1 pass vs encoder n passes",
                        description="Time the exact NLL of a sequence under one order: AO-GPT and gpt in one causal "
                        "pass, the encoder-only MDM in n passes; writes DIR/density.md and .json. " + EPILOG)
-    d.add_argument("--n", type=int, default=None, help="sequence length (default 256)")
-    d.add_argument("--batch", type=int, default=None, help="sequences scored together (default 1)")
-    d.add_argument("--repeats", type=int, default=None, help="runs per measurement, median reported (default 3)")
-    d.add_argument("--long-run", type=float, default=20.0, metavar="S", help="do not repeat runs longer than S s")
+    d.add_argument("--n", type=LENGTH, default=None, help="sequence length (default 256)")
+    d.add_argument("--batch", type=BATCH, default=None, help="sequences scored together (default 1)")
+    d.add_argument("--repeats", type=REPEATS, default=None, help="runs per measurement, median reported (default 3)")
+    d.add_argument("--long-run", type=LONG_RUN, default=20.0, metavar="S", help="do not repeat runs longer than S s")
     _size_flags(d)
     _run_flags(d)
     d.set_defaults(func=run_density)
@@ -85,10 +97,12 @@ def add_parser(subparsers: Any) -> None:
     sp.add_argument("--n", default="128,256", metavar="N,N", help="sequence lengths (default 128,256)")
     sp.add_argument("--batch", default="1,8", metavar="B,B", help="batch sizes (default 1,8)")
     sp.add_argument("--k", default="2,4,8,auto", metavar="K,K", help="draft lengths, or auto (default 2,4,8,auto)")
-    sp.add_argument("--samples", type=int, default=16, help="samples per sampler for the quality check (default 16)")
-    sp.add_argument("--repeats", type=int, default=3, help="runs per measurement, median reported (default 3)")
-    sp.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1)")
-    sp.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold (default 1)")
+    sp.add_argument("--samples", type=int_arg(ge=2, le=100_000), default=16,
+                    help="samples per sampler for the quality check (default 16)")
+    sp.add_argument("--repeats", type=int_arg(ge=1, le=1000), default=3,
+                    help="runs per measurement, median reported (default 3)")
+    sp.add_argument("--temperature", type=finite_float(gt=0), default=1.0, help="sampling temperature (default 1)")
+    sp.add_argument("--top-p", type=finite_float(gt=0, le=1), default=1.0, help="nucleus threshold (default 1)")
     _run_flags(sp, checkpoints=False)
     sp.set_defaults(func=run_speculative)
 
@@ -96,11 +110,11 @@ def add_parser(subparsers: Any) -> None:
                        description="Time the real training step (forward, backward, AdamW, EMA) of every variant at "
                        "equal size, with ratios to gpt and the paper code's reference figures; writes "
                        "DIR/train.md and .json.")
-    t.add_argument("--block", type=int, default=None, help="tokens per sequence (default 256)")
-    t.add_argument("--batch", type=int, default=None, help="sequences per step (default 8)")
+    t.add_argument("--block", type=LENGTH, default=None, help="tokens per sequence (default 256)")
+    t.add_argument("--batch", type=BATCH, default=None, help="sequences per step (default 8)")
     t.add_argument("--variants", default=None, metavar="V,V,...", help="default gpt,sigma,aogpt,encoder-mdm")
-    t.add_argument("--steps", type=int, default=None, help="timed steps per variant, median reported (default 5)")
-    t.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 2)")
+    t.add_argument("--steps", type=REPEATS, default=None, help="timed steps per variant, median reported (default 5)")
+    t.add_argument("--warmup", type=int_arg(ge=0, le=1000), default=None, help="untimed steps first (default 2)")
     _size_flags(t)
     _run_flags(t, checkpoints=False)
     t.set_defaults(func=run_train)
@@ -110,12 +124,12 @@ def add_parser(subparsers: Any) -> None:
                        "evaluation left to right and under a random order, and random-order evaluation of a few "
                        "sequences with and without an ensemble of M members; wall and CPU time, repeats "
                        "interleaved; writes DIR/eval.md and .json. " + EPILOG)
-    e.add_argument("--n", type=int, default=None, help="sequence length (default 128)")
-    e.add_argument("--batch", type=int, default=None, help="sequences per batch (default 16)")
-    e.add_argument("--members", type=int, default=None, metavar="M",
+    e.add_argument("--n", type=LENGTH, default=None, help="sequence length (default 128)")
+    e.add_argument("--batch", type=BATCH, default=None, help="sequences per batch (default 16)")
+    e.add_argument("--members", type=int_arg(ge=2, le=1024), default=None, metavar="M",
                    help="ensemble size for the per-member cost, at least 2 (default 4)")
-    e.add_argument("--repeats", type=int, default=None, help="runs per measurement, median reported (default 5)")
-    e.add_argument("--long-run", type=float, default=20.0, metavar="S", help="do not repeat runs longer than S s")
+    e.add_argument("--repeats", type=REPEATS, default=None, help="runs per measurement, median reported (default 5)")
+    e.add_argument("--long-run", type=LONG_RUN, default=20.0, metavar="S", help="do not repeat runs longer than S s")
     _size_flags(e)
     _run_flags(e, checkpoints=False)
     e.set_defaults(func=run_eval)
@@ -127,15 +141,16 @@ def add_parser(subparsers: Any) -> None:
                        "(DIR/prepare-workers.* with --workers-bench).")
     r.add_argument("--corpus", default=None, help="what `aogpt prepare --corpus` takes (default shakespeare)")
     r.add_argument("--tokenizer", default="gpt2", metavar="SPEC", help="gpt2, bytes or bpe:N (default gpt2)")
-    r.add_argument("--max-docs", type=int, default=None, metavar="N", help="documents at most (quick: 4)")
-    r.add_argument("--repeats", type=int, default=None, help="runs per measurement, median reported (default 5; "
+    r.add_argument("--max-docs", type=positive_int, default=None, metavar="N", help="documents at most (quick: 4)")
+    r.add_argument("--repeats", type=REPEATS, default=None, help="runs per measurement, median reported (default 5; "
                    "3 with --workers-bench)")
-    r.add_argument("--threads", type=int, default=None, metavar="N",
+    r.add_argument("--threads", type=THREADS, default=None, metavar="N",
                    help="gpt2's tokenizer threads (default: one per CPU, at most 8)")
     w = r.add_argument_group("--workers-bench: in-process tokenization against worker processes")
     w.add_argument("--workers-bench", action="store_true", help="time this instead of prepare of a corpus")
-    w.add_argument("--workers", type=int, default=None, metavar="N", help="worker processes (default 2)")
-    w.add_argument("--synthetic-mb", type=float, default=None, metavar="MB",
+    w.add_argument("--workers", type=int_arg(ge=1, le=MAX_WORKERS), default=None, metavar="N",
+                   help="worker processes (default 2)")
+    w.add_argument("--synthetic-mb", type=finite_float(gt=0, le=1000), default=None, metavar="MB",
                    help="megabytes of synthetic text (default 40; quick 0.5)")
     _run_flags(r, checkpoints=False, device=False)
     r.set_defaults(func=run_prepare)
@@ -170,18 +185,22 @@ def _size(args: argparse.Namespace, quick: Any) -> Any:
 
 
 def _setup(args: argparse.Namespace) -> None:
-    """Threads: as asked, else 1 when the machine is busier than it has CPUs (torch's threads would
-    then wait on each other and timings swing by an order of magnitude)."""
+    """The output folder made (so an unwritable --out fails now, not after the timings); threads: as
+    asked, else 1 when the machine is busier than it has CPUs (torch's threads would then wait on
+    each other and timings swing by an order of magnitude)."""
     import os
 
     import torch
 
+    from aogpt.io import ensure_writable_dir
+
+    ensure_writable_dir(args.out)
     if args.threads is not None:
-        if args.threads < 1:
-            raise AOGPTError(f"--threads must be >= 1, got {args.threads}", "e.g. --threads 2")
         torch.set_num_threads(args.threads)
     elif hasattr(os, "getloadavg") and os.getloadavg()[0] > (os.cpu_count() or 1):
-        torch.set_num_threads(1)  # the report's environment line says so (threads, load average)
+        torch.set_num_threads(1)
+        args.note = (f"the machine is busy (load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs): timing "
+                     "with 1 thread (--threads N to choose)")  # told once the timing starts (`_bar`)
 
 
 def _report(args: argparse.Namespace, command: str, result: dict[str, Any], markdown: str) -> int:
@@ -195,9 +214,15 @@ def _report(args: argparse.Namespace, command: str, result: dict[str, Any], mark
 
 
 def _bar(total: int, args: argparse.Namespace, desc: str):
+    """A progress bar and its update(done, label); a note from `_setup` is printed at the first
+    update, after the benchmark has checked its input (so an input error prints alone)."""
     bar = progress(total=total, desc=desc, disable=args.no_progress)
 
     def update(done: int, label: str) -> None:
+        note = getattr(args, "note", None)
+        if note:
+            bar.write(note, file=sys.stderr)
+            args.note = None
         bar.set_postfix_str(label)
         bar.update(done - bar.n)
 
@@ -243,8 +268,11 @@ def run_speculative(args: argparse.Namespace) -> int:
         raise AOGPTError("a trained any-order model is needed", "pass --checkpoint aogpt=RUN")
     ns, batches = parse_int_list(args.n, "n"), parse_int_list(args.batch, "batch")
     ks = [k.strip() for k in args.k.split(",") if k.strip()]
-    model = load(paths[drafting[0]], device=args.device if args.device != "auto" else "cpu")
-    gpt = load(paths["gpt"]) if "gpt" in paths else None
+    from aogpt.device import resolve_device
+
+    device = resolve_device(args.device)
+    model = load(paths[drafting[0]], device=device)
+    gpt = load(paths["gpt"], device=device) if "gpt" in paths else None
     bar, update = _bar(args.repeats * len(ns) * len(batches) * (len(ks) + 1 + (gpt is not None)), args,
                        "bench speculative")
     try:
@@ -317,7 +345,9 @@ def run_eval(args: argparse.Namespace) -> int:
 
 def run_prepare(args: argparse.Namespace) -> int:
     from aogpt.bench import prepare as bp
+    from aogpt.io import ensure_writable_dir
 
+    ensure_writable_dir(args.out)
     q, d = bp.QUICK, bp.DEFAULTS
     if args.workers_bench:
         given = [f for f, v in (("--corpus", args.corpus), ("--max-docs", args.max_docs), ("--threads", args.threads))

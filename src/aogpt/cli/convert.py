@@ -9,7 +9,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from aogpt.cli.common import add_common, emit_json, progress
+from aogpt.cli.common import add_common, emit_json, path_arg, progress
 from aogpt.errors import AOGPTError
 
 
@@ -23,7 +23,7 @@ def add_parser(subparsers: Any) -> None:
         "every key and shape is checked.",
     )
     imp.add_argument("file", metavar="FILE.pt", help="the reference checkpoint")
-    imp.add_argument("--out", required=True, metavar="DIR", help="checkpoint directory to write")
+    imp.add_argument("--out", type=path_arg, required=True, metavar="DIR", help="checkpoint directory to write")
     imp.add_argument(
         "--weights",
         choices=("ema", "raw"),
@@ -61,7 +61,8 @@ def add_parser(subparsers: Any) -> None:
         help="reference (default): the paper's release format; hf: a Hugging Face folder "
         "(config, safetensors weights, tokenizer, modeling code)",
     )
-    exp.add_argument("--out", required=True, metavar="FILE.pt|DIR", help="file (reference) or folder (hf) to write")
+    exp.add_argument("--out", type=path_arg, required=True, metavar="FILE.pt|DIR",
+                     help="file (reference) or folder (hf) to write")
     exp.add_argument(
         "--weights",
         choices=("both", "raw", "ema"),

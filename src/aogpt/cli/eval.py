@@ -11,10 +11,15 @@ from typing import Any
 
 import torch
 
-from aogpt.cli.common import add_common, emit_json, progress
+from aogpt.cli.common import add_common, config_arg, emit_json, int_arg, path_arg, positive_int, progress
+from aogpt.cli.sample import MAX_SAMPLES
+from aogpt.config import ModelConfig
 from aogpt.device import resolve_device, resolve_dtype
 from aogpt.errors import AOGPTError
+from aogpt.generation.settings import DecodePlan
+from aogpt.sampling import SamplingConfig
 
+LENGTH = config_arg(ModelConfig, "block_size")  # tokens per block or sample: a model context
 HELP = "evaluate a checkpoint: NLL/perplexity (l2r, any-order bound, ensembles), zero-shot suites, gen. perplexity"
 
 
@@ -27,21 +32,21 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--suite", metavar="NAMES", default=None,
                    help="comma-separated evaluation sets; 'paper' = the five zero-shot suites, 'offline' = "
                    "shakespeare,wiki-excerpt. Several sets print a markdown table")
-    p.add_argument("--data-dir", metavar="DIR", type=Path, default=None,
+    p.add_argument("--data-dir", metavar="DIR", type=path_arg, default=None,
                    help="read the suites from local files here instead of the Hugging Face hub")
     p.add_argument("--order", default="l2r",
                    help="l2r (exact AR likelihood), random (any-order bound, K draws) or an order spec "
                    "(mixture, fixed-random:SEED, blockwise:K); comma-separated for several (default l2r)")
-    p.add_argument("--num-orders", "-K", type=int, default=4, metavar="K",
+    p.add_argument("--num-orders", "-K", type=int_arg(ge=1, le=10_000), default=4, metavar="K",
                    help="independent draws of random orders, for the mean and its error bar (default 4)")
-    p.add_argument("--ensemble", "-M", type=int, default=1, metavar="M",
+    p.add_argument("--ensemble", "-M", type=int_arg(ge=1, le=1024), default=1, metavar="M",
                    help="context-order ensemble size, base order included (default 1: none)")
-    p.add_argument("--ensemble-positions", type=int, default=None, metavar="S",
+    p.add_argument("--ensemble-positions", type=LENGTH, default=None, metavar="S",
                    help="ensemble only S random steps per sequence (unbiased estimator; faster)")
     p.add_argument("--weights", choices=("ema", "raw"), default="ema", help="EMA (default) or raw weights")
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per forward (default 8)")
-    p.add_argument("--max-batches", type=int, default=None, help="stop after this many batches per data set")
-    p.add_argument("--block-len", type=int, default=None,
+    p.add_argument("--batch-size", type=int_arg(ge=1, le=2**20), default=8, help="sequences per forward (default 8)")
+    p.add_argument("--max-batches", type=positive_int, default=None, help="stop after this many batches per data set")
+    p.add_argument("--block-len", type=LENGTH, default=None,
                    help="tokens per evaluated block (default: min(1024, the model's context)); longer than "
                    "the context is refused")
     p.add_argument("--wrap", action="store_true", help="MDLM's wrapped packing: EOS + (block_len-2) tokens + EOS")
@@ -49,16 +54,19 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default="float32",
                    help="model weights' dtype for evaluation (default float32)")
     g = p.add_argument_group("generation perplexity")
-    g.add_argument("--genppl", metavar="FILE", type=Path, default=None,
+    g.add_argument("--genppl", metavar="FILE", type=path_arg, default=None,
                    help="score samples from FILE (.jsonl, .json or one per line)")
-    g.add_argument("--genppl-samples", metavar="N", type=int, default=None,
+    g.add_argument("--genppl-samples", metavar="N", type=int_arg(ge=1, le=MAX_SAMPLES), default=None,
                    help="generate N samples from --checkpoint and score them")
     g.add_argument("--evaluator", metavar="CKPT|hf:NAME", default=None,
                    help="the scoring LM: one of our checkpoints (read left to right) or hf:gpt2-large")
-    g.add_argument("--gen-steps", type=int, default=None, help="generation steps (default: one per token)")
-    g.add_argument("--gen-length", type=int, default=None, help="sample length (default: the model's context)")
-    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (default 1.0)")
+    g.add_argument("--gen-steps", type=config_arg(DecodePlan, "steps"), default=None,
+                   help="generation steps (default: one per token)")
+    g.add_argument("--gen-length", type=LENGTH, default=None, help="sample length (default: the model's context)")
+    g.add_argument("--temperature", type=config_arg(SamplingConfig, "temperature"), default=1.0,
+                   help="sampling temperature (default 1.0)")
+    g.add_argument("--top-p", type=config_arg(SamplingConfig, "top_p"), default=1.0,
+                   help="nucleus sampling threshold (default 1.0)")
     add_common(p)
     p.set_defaults(func=run)
 
@@ -146,6 +154,7 @@ def table(results: list[dict], label: str) -> str:
 
 def _likelihoods(loaded: Any, args: argparse.Namespace, sets: list[str]) -> list[dict]:
     from aogpt.evaluate import check_request, evaluate
+    from aogpt.memory import check_fits, evaluation_bytes
 
     orders = [o.strip() for o in args.order.split(",") if o.strip()]
     for order in orders:  # refuse bad requests before loading any data
@@ -155,8 +164,9 @@ def _likelihoods(loaded: Any, args: argparse.Namespace, sets: list[str]) -> list
     if block_len > context:
         raise AOGPTError(f"--block-len {block_len} exceeds the model's context of {context}",
                          f"use --block-len {context} or less (sliding windows are not supported: see docs)")
-    if block_len < 1:
-        raise AOGPTError(f"--block-len must be positive, got {block_len}", "pass e.g. --block-len 128")
+    device = next(loaded.model.parameters()).device
+    check_fits(evaluation_bytes(loaded.config, args.batch_size * max(1, args.ensemble), block_len), device,
+               "evaluation", "--batch-size or --block-len")
     results = []
     for spec in sets:
         data, total, info = _dataset(spec, loaded, args, block_len)
@@ -177,8 +187,6 @@ def _genppl(loaded: Any, args: argparse.Namespace, device: torch.device, dtype: 
     if args.evaluator is None:
         raise AOGPTError("generation perplexity needs an evaluator",
                          "pass --evaluator CKPT or --evaluator hf:gpt2-large")
-    if args.genppl_samples is not None and args.genppl_samples < 1:
-        raise AOGPTError(f"--genppl-samples must be at least 1, got {args.genppl_samples}", "pass a positive N")
     if args.genppl is not None:
         texts, source = read_samples(args.genppl), str(args.genppl)
     else:
@@ -207,10 +215,6 @@ def run(args: argparse.Namespace) -> int:
         raise AOGPTError("--genppl and --genppl-samples both given", "score a file or generate, not both")
     if not sets and not wants_genppl:
         raise AOGPTError("nothing to evaluate", "pass --data SPEC, --suite NAMES, --genppl FILE or --genppl-samples N")
-    if args.batch_size < 1:
-        raise AOGPTError(f"--batch-size must be at least 1, got {args.batch_size}", "pass a positive number")
-    if args.max_batches is not None and args.max_batches < 1:
-        raise AOGPTError(f"--max-batches must be at least 1, got {args.max_batches}", "pass a positive number")
     loaded = None
     if sets or args.genppl_samples is not None:
         if not args.checkpoint:

@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from aogpt.cli.common import add_common, emit_json
+from aogpt.cli.common import add_common, emit_json, int_arg, nonnegative_int, positive_int
 from aogpt.errors import AOGPTError
 
 HELP = "run lm-evaluation-harness tasks on a checkpoint (exact left-to-right likelihoods, or the any-order bound)"
@@ -27,19 +27,22 @@ def add_parser(subparsers: Any) -> None:
                    "names not found here")
     p.add_argument("--order", default="l2r",
                    help="l2r (default: exact likelihoods) or random (the any-order bound over K orders)")
-    p.add_argument("--num-orders", "-K", type=int, default=8, metavar="K",
+    p.add_argument("--num-orders", "-K", type=int_arg(ge=1, le=10_000), default=8, metavar="K",
                    help="orders per request for --order random (default 8)")
     p.add_argument("--weights", choices=("ema", "raw"), default="ema", help="EMA (default) or raw weights")
-    p.add_argument("--batch-size", type=int, default=16, help="requests per forward (default 16)")
-    p.add_argument("--limit", type=int, default=None, metavar="N", help="only the first N documents of each task")
-    p.add_argument("--num-fewshot", type=int, default=None, metavar="N", help="few-shot examples per prompt")
-    p.add_argument("--bootstrap-iters", type=int, default=1000, metavar="N",
+    p.add_argument("--batch-size", type=int_arg(ge=1, le=65_536), default=16, help="requests per forward (default 16)")
+    p.add_argument("--limit", type=positive_int, default=None, metavar="N",
+                   help="only the first N documents of each task")
+    p.add_argument("--num-fewshot", type=nonnegative_int, default=None, metavar="N",
+                   help="few-shot examples per prompt")
+    p.add_argument("--bootstrap-iters", type=int_arg(ge=0, le=1_000_000), default=1000, metavar="N",
                    help="bootstrap resamples for the harness's standard errors of perplexities (default 1000; "
                    "0 skips them)")
     p.add_argument("--gen-order", default="l2r",
                    help="order in which generation tasks fill the continuation: l2r (default) or random "
                    "(sigma and AO-GPT)")
-    p.add_argument("--max-gen-toks", type=int, default=256, help="tokens generated at most per request (default 256)")
+    p.add_argument("--max-gen-toks", type=int_arg(ge=1, le=1_000_000), default=256,
+                   help="tokens generated at most per request (default 256)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     add_common(p)
     p.set_defaults(func=run)
@@ -69,9 +72,6 @@ def run(args: argparse.Namespace) -> int:
     names = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not names:
         raise AOGPTError("no task names given", "pass --tasks T[,T]")
-    for flag in ("batch_size", "max_gen_toks"):
-        if getattr(args, flag) < 1:
-            raise AOGPTError(f"--{flag.replace('_', '-')} must be at least 1", "pass a positive number")
     import lm_eval
     from lm_eval.utils import make_table
 

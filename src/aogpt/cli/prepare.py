@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from aogpt.cli.common import add_common, emit_json
+from aogpt.cli.common import add_common, emit_json, finite_float, int_arg, path_arg, positive_int
 
 DESCRIPTION = """\
 Tokenize a corpus into DIR/train.bin and DIR/val.bin (flat token ids, uint16 or uint32), DIR/meta.json
@@ -23,6 +23,9 @@ tokenizers: bpe:N (byte-level BPE with N ids trained on the train split), gpt2, 
 """
 
 
+MAX_WORKERS = 1024
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "prepare",
@@ -34,24 +37,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--corpus", default="shakespeare", metavar="NAME|PATH", help="what to tokenize (default shakespeare)"
     )
     p.add_argument("--tokenizer", default=None, metavar="SPEC", help="gpt2, bytes or bpe:N (default bpe:4096)")
-    p.add_argument("--out", default=None, metavar="DIR", help="output directory (default data/<corpus>-<tokenizer>)")
+    p.add_argument("--out", type=path_arg, default=None, metavar="DIR",
+                   help="output directory (default data/<corpus>-<tokenizer>)")
     p.add_argument(
         "--val-fraction",
-        type=float,
+        type=finite_float(gt=0, lt=1),
         default=None,
         metavar="F",
         help="fraction of documents held out, for corpora without a validation split (default 0.05)",
     )
     p.add_argument(
         "--val-docs",
-        type=int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="hold out the last N documents instead (default for openwebtext: 100000)",
     )
     p.add_argument(
         "--max-docs",
-        type=int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="read at most N documents (per defined split, else before splitting)",
@@ -65,14 +69,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--workers",
-        type=int,
+        type=int_arg(ge=1, le=MAX_WORKERS),
         default=None,
         metavar="N",
         help="tokenizer processes (default: in-process for small local corpora, else one per CPU)",
     )
     p.add_argument(
         "--shard-tokens",
-        type=int,
+        type=int_arg(ge=1, le=2**40),
         default=None,
         metavar="N",
         help="tokens per shard file (default 100000000); smaller splits stay one file",

@@ -9,12 +9,14 @@ from typing import Any
 
 import torch
 
-from aogpt.cli.common import add_common, emit_json, progress
+from aogpt.cli.common import add_common, config_arg, emit_json, int_arg, progress
+from aogpt.config import ModelConfig
 from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
-from aogpt.generation.settings import DecodePlan, GenerationSettings, SamplingConfig
+from aogpt.generation.settings import MAX_DRAFT, DecodePlan, GenerationSettings, SamplingConfig
 from aogpt.orders import make_order_sampler
 
+MAX_SAMPLES = 100_000  # more would run for days on a CPU; run again with another --seed for more
 HELP = "sample text from a checkpoint: unconditional, continuing a prompt, or filling [MASK:k] blanks"
 
 
@@ -22,11 +24,12 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("sample", help=HELP, description=HELP + " (see docs/generation.md)")
     p.add_argument("--checkpoint", metavar="RUN", required=True,
                    help="run directory (its newest checkpoint) or a ckpt-* directory")
-    p.add_argument("--num-samples", "-n", type=int, default=1, help="how many samples (default 1)")
-    p.add_argument("--length", type=int, default=None,
+    p.add_argument("--num-samples", "-n", type=int_arg(ge=1, le=MAX_SAMPLES), default=1,
+                   help=f"how many samples, 1..{MAX_SAMPLES:_} (default 1)")
+    p.add_argument("--length", type=config_arg(ModelConfig, "block_size"), default=None,
                    help="tokens per sample, prompt or template included (default: the model's context; "
                    "with --infill: the template's length, more appends blanks at the end)")
-    p.add_argument("--steps", type=int, default=None,
+    p.add_argument("--steps", type=config_arg(DecodePlan, "steps"), default=None,
                    help="generation steps T, 1..length (default: one per generated token)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--prompt", default=None, help="text to continue (a prefix, kept as is)")
@@ -45,13 +48,17 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--order", default=None,
                    help="unmasking order: random (default; = uniform), l2r, another order spec (blockwise:4, "
                    "fixed-random:SEED, mixture:P, ...) or a comma-separated permutation of positions")
-    p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature, > 0 (default 1.0)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold in (0, 1] (default 1.0: off)")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: off)")
+    p.add_argument("--temperature", type=config_arg(SamplingConfig, "temperature"), default=1.0,
+                   help="softmax temperature, > 0 (default 1.0)")
+    p.add_argument("--top-p", type=config_arg(SamplingConfig, "top_p"), default=1.0,
+                   help="nucleus threshold in (0, 1] (default 1.0: off)")
+    p.add_argument("--top-k", type=config_arg(SamplingConfig, "top_k"), default=0,
+                   help="keep the k most likely tokens (default 0: off)")
     p.add_argument("--greedy", action="store_true", help="always take the most likely token")
     p.add_argument("--float32-sampling", action="store_true",
                    help="draw tokens in float32 (default float64: float32 lowers the effective temperature)")
-    p.add_argument("--batch-size", type=int, default=32, help="sequences decoded together (default 32)")
+    p.add_argument("--batch-size", type=config_arg(GenerationSettings, "batch_size"), default=32,
+                   help="sequences decoded together (default 32)")
     p.add_argument("--weights", choices=("ema", "raw"), default="ema", help="EMA (default) or raw weights")
     p.add_argument("--no-cache", action="store_true",
                    help="recompute every slot at every step instead of using the KV cache (slow; for comparison)")
@@ -63,9 +70,12 @@ def add_parser(subparsers: Any) -> None:
 
 def _int_list(text: str, what: str, fix: str) -> list[int]:
     try:
-        return [int(t) for t in text.replace(" ", "").split(",") if t]
+        values = [int(t) for t in text.replace(" ", "").split(",") if t]
     except ValueError:
         raise AOGPTError(f"cannot read {what} {text!r}", fix) from None
+    if any(v >= 2**31 for v in values):
+        raise AOGPTError(f"the {what} {text[:40]!r} holds a number beyond any context", fix)
+    return values
 
 
 def _speculative(text: str) -> int | str:
@@ -75,8 +85,8 @@ def _speculative(text: str) -> int | str:
         value = int(text)
     except ValueError:
         value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a draft length K >= 1 or 'auto', got {text!r}")
+    if not 1 <= value <= MAX_DRAFT:
+        raise argparse.ArgumentTypeError(f"expected a draft length K in 1..{MAX_DRAFT} or 'auto', got {text!r}")
     return value
 
 
@@ -96,8 +106,8 @@ def _known(spec: str, length: int | None) -> dict[int, int]:
     out: dict[int, int] = {}
     for part in spec.replace(" ", "").split(","):
         pos, sep, tok = part.partition("=")
-        if not (sep and pos.isdigit() and tok.isdigit()):
-            raise AOGPTError(f"cannot read known token {part!r}", "write POS=ID pairs, e.g. --known 0=12,5=7")
+        if not (sep and pos.isdecimal() and tok.isdecimal() and len(pos) < 12 and len(tok) < 12):
+            raise AOGPTError(f"cannot read known token {part[:40]!r}", "write POS=ID pairs, e.g. --known 0=12,5=7")
         out[int(pos)] = int(tok)
     return out
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from aogpt.cli.common import add_common, emit_json
+from aogpt.cli.common import add_common, config_arg, emit_json, finite_float, path_arg
+from aogpt.config import ModelConfig, TrainConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -16,11 +16,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Train GPT, sigma-GPT, AO-GPT or the encoder-only MDM on a prepared data "
         "directory. Runs under torchrun for DDP/FSDP.",
     )
-    p.add_argument("--preset", default="cpu-small", help="size and recipe: tiny, cpu-small, gpt2-small, gpt2-medium")
+    p.add_argument("--preset", default=None,
+                   help="size and recipe: tiny, cpu-small (default), gpt2-small, gpt2-medium")
     p.add_argument("--variant", default=None, help="gpt, sigma, aogpt (default) or encoder-mdm")
-    p.add_argument("--data", type=Path, help="prepared data directory (from `aogpt prepare`)")
-    p.add_argument("--out", type=Path, required=True, help="run directory (checkpoints, metrics, plot)")
-    p.add_argument("--config", type=Path, help="JSON/TOML file with [model] and [train] overrides")
+    p.add_argument("--data", type=path_arg, help="prepared data directory (from `aogpt prepare`)")
+    p.add_argument("--out", type=path_arg, required=True, help="run directory (checkpoints, metrics, plot)")
+    p.add_argument("--config", type=path_arg, help="JSON/TOML file with [model] and [train] overrides")
     p.add_argument(
         "--set",
         action="append",
@@ -33,54 +34,70 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="order distribution: l2r, uniform, mixture[:P], fixed-random[:SEED], "
         "blockwise[:K[:SEED]] (default per variant)",
     )
-    p.add_argument("--max-steps", type=int)
-    p.add_argument("--max-minutes", type=float, help="stop after this much training time")
-    p.add_argument("--batch-size", type=int, help="sequences per micro-batch per process")
-    p.add_argument("--grad-accum", type=int)
-    p.add_argument("--global-batch-tokens", type=int, help="derive accumulation from a global batch in tokens")
-    p.add_argument("--block-size", type=int, help="context length (the model's block size)")
-    p.add_argument("--lr", type=float)
-    p.add_argument("--eval-interval", type=int)
-    p.add_argument("--ckpt-interval", type=int)
-    p.add_argument("--keep-last", type=int, help="checkpoints to keep (default 2)")
-    p.add_argument("--ema-decay", type=float)
+    p.add_argument("--max-steps", type=config_arg(TrainConfig, "max_steps"),
+                   help="optimizer steps; the cosine schedule ends here")
+    p.add_argument("--max-minutes", type=config_arg(TrainConfig, "max_minutes"),
+                   help="stop after this much training time")
+    p.add_argument("--batch-size", type=config_arg(TrainConfig, "batch_size"),
+                   help="sequences per micro-batch per process")
+    p.add_argument("--grad-accum", type=config_arg(TrainConfig, "grad_accum"), help="micro-batches per step")
+    p.add_argument("--global-batch-tokens", type=config_arg(TrainConfig, "global_batch_tokens"),
+                   help="derive accumulation from a global batch in tokens")
+    p.add_argument("--block-size", type=config_arg(ModelConfig, "block_size"),
+                   help="context length (the model's block size)")
+    p.add_argument("--lr", type=config_arg(TrainConfig, "lr"), help="peak learning rate, in (0, 1]")
+    p.add_argument("--eval-interval", type=config_arg(TrainConfig, "eval_interval"))
+    p.add_argument("--ckpt-interval", type=config_arg(TrainConfig, "ckpt_interval"))
+    p.add_argument("--keep-last", type=config_arg(TrainConfig, "keep_last"),
+                   help="checkpoints to keep (default 2; 0 keeps all)")
+    p.add_argument("--ema-decay", type=config_arg(TrainConfig, "ema_decay"), help="EMA decay, in [0, 1)")
     p.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
     p.add_argument("--dtype", help="auto (bf16 autocast on CUDA, fp32 on CPU), float32, bfloat16")
     p.add_argument("--compile", action="store_const", const=True, help="torch.compile the model (CUDA only)")
-    p.add_argument("--fsdp", action="store_const", const=True, help="shard with FSDP2 instead of DDP (CUDA)")
+    p.add_argument("--fsdp", action="store_const", const=True,
+                   help="shard with FSDP2 instead of DDP (under torchrun; CUDA, or CPU with gloo)")
     p.add_argument("--init-from", type=str, help="start from the raw weights of this checkpoint")
     p.add_argument("--resume", action="store_true", help="continue the newest checkpoint in --out")
-    p.add_argument("--resume-from", type=Path, help="continue from this checkpoint directory")
+    p.add_argument("--resume-from", type=path_arg, help="continue from this checkpoint directory")
+    p.add_argument("--extend-to", type=config_arg(TrainConfig, "max_steps"), metavar="N",
+                   help="with --resume: train on to step N, past the run's --max-steps; the learning rate "
+                   "keeps the original schedule up to its end and stays at min_lr after it")
     p.add_argument("--dry-run", action="store_true", help="print the plan (sizes, batch, memory, time) and exit")
     p.add_argument(
         "--assume-tflops",
-        type=float,
+        type=finite_float(gt=0, le=1e6),
         default=400.0,
         help="achieved TFLOP/s per device used by --dry-run's time estimate (default 400)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_common(p, seed=False)
-    p.add_argument("--seed", type=int, help="random seed (default 1337)")
+    p.add_argument("--seed", type=config_arg(TrainConfig, "seed"), help="random seed, 0..2^62 (default 1337)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from aogpt.cli.train_setup import dry_run_report, prepare_run
+    from aogpt.cli.train_setup import prepare_run, train_lock
 
-    plan = prepare_run(args)
-    if args.dry_run:
-        report = dry_run_report(plan, args.assume_tflops)
-        if plan.info.is_main:
-            for key, value in report.items():
-                print(f"{key:>28}: {value}")
-            if args.json:
-                emit_json(report)
-        return 0
-    summary = plan.run()
+    with train_lock(args):  # one writer per run directory
+        plan = prepare_run(args)
+        if args.dry_run:
+            return _dry_run(plan, args)
+        summary = plan.run()
     if plan.info.is_main:
         _print_summary(summary)
         if args.json:
             emit_json(summary)
+    return 0
+
+
+def _dry_run(plan: Any, args: argparse.Namespace) -> int:
+    from aogpt.cli.train_setup import dry_run_report
+
+    report = dry_run_report(plan, args.assume_tflops)
+    for key, value in report.items():
+        print(f"{key:>28}: {value}")
+    if args.json:
+        emit_json(report)
     return 0
 
 

@@ -57,6 +57,7 @@ import numpy as np
 import torch
 
 from aogpt.data.corpora import load_corpus
+from aogpt.data.meta import check_meta, max_token_id
 from aogpt.data.shards import (
     PROGRESS_FILE,
     default_workers,
@@ -68,7 +69,7 @@ from aogpt.data.shards import (
 )
 from aogpt.data.tokenizer import Tokenizer, load_tokenizer, normalize_spec, parse_spec, tokenizer_info, train_bpe
 from aogpt.errors import AOGPTError
-from aogpt.io import ensure_writable_dir, read_json, replace_dir, write_json
+from aogpt.io import directory_lock, ensure_writable_dir, read_json, replace_dir, write_json
 
 FORMAT_VERSION = 1  # single-file splits
 SHARDED_FORMAT_VERSION = 2  # at least one split in shards
@@ -177,63 +178,65 @@ def prepare(
     }
     src = load_corpus(corpus, val_fraction=val_fraction, val_docs=val_docs, seed=seed, max_docs=max_docs, **opts)
     ensure_writable_dir(out.parent)
-    work = partial_dir(out)
-    state = load_progress(work, settings, resume)
-    if state is None:
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir()
-    resumed = sum(state["done"].values()) if state else 0
-    if state is not None and progress:
-        finished = sum(len(v["closed"]) for v in state["splits"].values())
-        print(f"resuming {work}: {resumed:,} documents, {finished} shards done", file=sys.stderr)
-    try:
-        if state is not None and kind == "bpe":
-            tok = load_tokenizer(spec, work)  # trained before the interruption
-        elif kind == "bpe":
-            assert n is not None
-            tok = train_bpe(_capped(src.documents("train"), BPE_TRAIN_CHARS), n)
-        else:
-            tok = load_tokenizer(spec)
-        tok.save(work)
-        dtype = token_dtype(tok.vocab_size)
+    with directory_lock(out, "aogpt prepare"):  # one writer per output (and its .partial directory)
+        _check_out(out)
+        work = partial_dir(out)
+        state = load_progress(work, settings, resume)
         if state is None:
-            state = new_progress(settings, dtype)
-        elif state["dtype"] != dtype.name:
-            raise AOGPTError(f"{work} was written as {state['dtype']}, not {dtype.name}", "pass --restart")
-        shards = write_splits(
-            src.stream,
-            tok,
-            work,
-            dtype,
-            shard_tokens,
-            workers or default_workers(src.total_chars),
-            state,
-            total_chars=src.total_chars,
-            show_progress=progress,
-        )
-        (work / PROGRESS_FILE).unlink(missing_ok=True)  # from here on, a crash restarts from scratch
-        splits = _finish_splits(work, src.name, shards)
-        sharded = any("shards" in info for info in splits.values())
-        meta = {
-            "format_version": SHARDED_FORMAT_VERSION if sharded else FORMAT_VERSION,
-            "corpus": src.name,
-            "split_rule": src.split_rule,
-            "seed": seed,
-            "max_docs": max_docs,
-            "options": dict(sorted(opts.items())),
-            **tokenizer_info(tok),
-            "dtype": dtype.name,
-            "eot": "after every document",
-            "splits": splits,
-            "sources": src.sources,
-            **({"shard_tokens": shard_tokens} if sharded else {}),
-        }
-        write_json(work / META_FILE, meta)
-        replace_dir(work, out)
-    except BaseException:
-        if not has_progress(work):
             shutil.rmtree(work, ignore_errors=True)
-        raise
+            work.mkdir()
+        resumed = sum(state["done"].values()) if state else 0
+        if state is not None and progress:
+            finished = sum(len(v["closed"]) for v in state["splits"].values())
+            print(f"resuming {work}: {resumed:,} documents, {finished} shards done", file=sys.stderr)
+        try:
+            if state is not None and kind == "bpe":
+                tok = load_tokenizer(spec, work)  # trained before the interruption
+            elif kind == "bpe":
+                assert n is not None
+                tok = train_bpe(_capped(src.documents("train"), BPE_TRAIN_CHARS), n)
+            else:
+                tok = load_tokenizer(spec)
+            tok.save(work)
+            dtype = token_dtype(tok.vocab_size)
+            if state is None:
+                state = new_progress(settings, dtype)
+            elif state["dtype"] != dtype.name:
+                raise AOGPTError(f"{work} was written as {state['dtype']}, not {dtype.name}", "pass --restart")
+            shards = write_splits(
+                src.stream,
+                tok,
+                work,
+                dtype,
+                shard_tokens,
+                workers or default_workers(src.total_chars),
+                state,
+                total_chars=src.total_chars,
+                show_progress=progress,
+            )
+            (work / PROGRESS_FILE).unlink(missing_ok=True)  # from here on, a crash restarts from scratch
+            splits = _finish_splits(work, src.name, shards)
+            sharded = any("shards" in info for info in splits.values())
+            meta = {
+                "format_version": SHARDED_FORMAT_VERSION if sharded else FORMAT_VERSION,
+                "corpus": src.name,
+                "split_rule": src.split_rule,
+                "seed": seed,
+                "max_docs": max_docs,
+                "options": dict(sorted(opts.items())),
+                **tokenizer_info(tok),
+                "dtype": dtype.name,
+                "eot": "after every document",
+                "splits": splits,
+                "sources": src.sources,
+                **({"shard_tokens": shard_tokens} if sharded else {}),
+            }
+            write_json(work / META_FILE, meta)
+            replace_dir(work, out)
+        except BaseException:
+            if not has_progress(work):
+                shutil.rmtree(work, ignore_errors=True)
+            raise
     # returned, not written: meta.json stays deterministic
     return {**meta, "seconds": time.perf_counter() - start, "resumed_documents": resumed}
 
@@ -255,6 +258,7 @@ class PreparedData:
                 f"{d} has data format {found}, expected {FORMAT_VERSION} or {SHARDED_FORMAT_VERSION}",
                 "re-run aogpt prepare",
             )
+        check_meta(meta, d / META_FILE)
         if expect_tokenizer is not None:
             want = normalize_spec(expect_tokenizer)
             if meta.get("tokenizer") != want:
@@ -324,6 +328,21 @@ class PreparedData:
                 maps.append(np.memmap(path, dtype=dtype, mode="r", shape=(tokens,)) if tokens else np.zeros(0, dtype))
             self._maps[split] = maps
         return self._maps[split]
+
+    def check_token_ids(self, vocab_size: int, splits: Iterable[str] = SPLITS) -> None:
+        """Refuse a split holding an id >= `vocab_size` (a damaged file, or data of another
+        tokenizer). Reads every shard once (`aogpt.data.meta.max_token_id`); skipped when the file's
+        dtype cannot hold such an id."""
+        for split in splits:
+            if np.iinfo(np.dtype(self.meta["dtype"])).max < vocab_size:
+                continue
+            top = max_token_id(self.shards(split))
+            if top >= vocab_size:
+                raise AOGPTError(
+                    f"the {split} split of {self.directory} holds token id {top}, outside the vocabulary of "
+                    f"{vocab_size}",
+                    "the files are damaged or were made with another tokenizer: re-run aogpt prepare",
+                )
 
     def split(self, name: str) -> np.ndarray:
         """A single-file split's ids as a read-only np.memmap (sharded splits: use `shards`)."""

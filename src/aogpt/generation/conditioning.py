@@ -80,12 +80,15 @@ def parse_template(template: Any, *, tokenizer: Any, length: int | None, config:
             arg = mt.group(1)
             if arg is not None and not (arg.isdigit() and int(arg) > 0):
                 raise AOGPTError(f"bad blank {mt.group(0)!r} in the template", "write [MASK] or [MASK:k], k >= 1")
-            slots += [None] * (int(arg) if arg else 1)
+            blanks = int(arg) if arg else 1
+            _check_length(len(slots) + blanks, config, "the template")  # before a list of that size exists
+            slots += [None] * blanks
             at = mt.end()
         slots += _encode(template[at:], tokenizer, "template")
     elif isinstance(template, Mapping):
         if length is None:
             raise AOGPTError("a {position: token} template needs an output length", "pass length=...")
+        _check_length(int(length), config, "an output length")
         slots = [None] * int(length)
         for p, t in template.items():
             if not 0 <= int(p) < int(length):

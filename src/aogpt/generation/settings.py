@@ -19,6 +19,9 @@ from aogpt.errors import AOGPTError, check_choice
 from aogpt.kv_cache import ATTENTION
 from aogpt.sampling import SamplingConfig
 from aogpt.schedules import POLICIES, SCHEDULES
+from aogpt.validation import bounded, check_ranges
+
+MAX_DRAFT = 1024  # a longer draft is never accepted in full and only costs rows
 
 
 @dataclass(frozen=True)
@@ -34,19 +37,21 @@ class DecodePlan:
     uniform (left to right for a left-to-right model).
     """
 
-    steps: int | None = None
+    steps: int | None = bounded(None, ge=1, le=2**20, integer=True)
     policy: str | None = None
     schedule: str = "linear"
     order: Any = None
     speculative: int | str | None = None  # exact self-speculative decoding: draft K per forward, or "auto"
 
     def validate(self) -> DecodePlan:
+        check_ranges(self, "decoding plan")
         if self.policy is not None:
             check_choice("policy", self.policy, POLICIES)
         check_choice("schedule", self.schedule, SCHEDULES)
         spec = self.speculative
-        if spec is not None and spec != "auto" and (isinstance(spec, bool) or not isinstance(spec, int) or spec < 1):
-            raise AOGPTError(f"speculative must be a draft length K >= 1 or 'auto', got {spec!r}",
+        if spec is not None and spec != "auto" and (isinstance(spec, bool) or not isinstance(spec, int)
+                                                    or not 1 <= spec <= MAX_DRAFT):
+            raise AOGPTError(f"speculative must be a draft length K in 1..{MAX_DRAFT} or 'auto', got {spec!r}",
                              "use e.g. --speculative 4 or --speculative auto")
         if spec is not None and (self.steps is not None or self.policy is not None):
             raise AOGPTError("speculative decoding reveals the positions one at a time along the order (exactly), "
@@ -65,7 +70,7 @@ class GenerationSettings:
 
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     plan: DecodePlan = field(default_factory=DecodePlan)
-    batch_size: int = 32
+    batch_size: int = bounded(32, ge=1, le=2**20)
     use_cache: bool = True
     prepack: bool = True  # CPU: decode-path weights packed once for oneDNN (`aogpt.inference`)
     attention: str = "sdpa"  # decode attention kernel: "sdpa" (reference) or "flex" (FlexAttention)
@@ -91,8 +96,7 @@ class GenerationSettings:
         self.sampling.validate()
         self.plan.validate()
         check_choice("attention", self.attention, ATTENTION)
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise AOGPTError(f"batch size must be >= 1, got {self.batch_size}", "use e.g. --batch-size 8")
+        check_ranges(self, "generation settings")
         return self
 
     def to_dict(self) -> dict[str, Any]:

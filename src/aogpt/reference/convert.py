@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +16,7 @@ import torch
 from aogpt.checkpoint import FORMAT, find_checkpoint, read_config, read_weights, save_checkpoint, weights_of
 from aogpt.config import model_config_from_dict, to_dict
 from aogpt.errors import AOGPTError
-from aogpt.io import atomic_write_bytes, ensure_writable_dir
+from aogpt.io import atomic_write_bytes, directory_lock, ensure_writable_dir
 from aogpt.reference.format import (
     ARCH_NAMES,
     GPT2_VOCABS,
@@ -90,7 +89,13 @@ def import_reference(
     check_weights(weights, ("ema", "raw"))
     path, out, stage = Path(path), Path(out), stage or (lambda name: None)
     warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
-    _check_out_dir(out, overwrite)
+    with directory_lock(out, "aogpt import"):  # one writer per output
+        _check_out_dir(out, overwrite)
+        return _import(path, out, weights, tokenizer, tokenizer_dir, warn, stage)
+
+
+def _import(path: Path, out: Path, weights: str, tokenizer: str, tokenizer_dir: str | Path | None,
+            warn: Callable[[str], None], stage: Stage) -> dict[str, Any]:
     stage("read")
     ref = read_reference(path, need_ema=weights == "ema")
     tok = _tokenizer_for(tokenizer, ref.config.vocab_size, Path(tokenizer_dir) if tokenizer_dir else None, warn)
@@ -142,6 +147,11 @@ def export_reference(
     """
     check_weights(weights, ("both", "raw", "ema"))
     out = Path(out)
+    with directory_lock(out, "aogpt export"):  # one writer per output file
+        return _export(run, out, weights, overwrite)
+
+
+def _export(run: str | Path, out: Path, weights: str, overwrite: bool) -> dict[str, Any]:
     if out.is_dir() or (out.exists() and not overwrite):
         raise AOGPTError(f"{out} already exists", "choose another --out" + ("" if out.is_dir() else " or --overwrite"))
     ckpt = find_checkpoint(Path(run))
@@ -193,10 +203,7 @@ def export_reference(
     buf = io.BytesIO()
     torch.save(obj, buf)
     ensure_writable_dir(out.parent)
-    atomic_write_bytes(out, buf.getvalue())
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(out, 0o666 & ~umask)  # atomic_write_bytes' temporary file is created 0600
+    atomic_write_bytes(out, buf.getvalue())  # with the mode the umask allows
     return dict(
         out=str(out),
         checkpoint=str(ckpt),

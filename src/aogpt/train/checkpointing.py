@@ -1,8 +1,9 @@
 """Checkpoints of a training run: what they hold, writing them, and resuming from them.
 
 A checkpoint (`aogpt.checkpoint`) holds the raw and EMA weights, the run's config, the tokenizer,
-and `trainer.pt`: the step and token counters, the optimizer state, the EMA update count and the
-states of the data, order and dropout generators, so a resumed run continues the same streams.
+and `trainer.pt`: the step and token counters, the optimizer state, the EMA update count, the
+states of the data, order and dropout generators, the loss window not yet logged and the last
+validation, so a resumed run continues the same streams and writes the same metrics.
 
 Under FSDP the weights and optimizer state are sharded: full copies are gathered (a collective on
 every rank) for checkpoints; otherwise plain state dicts, which keep CPU resumes bit-exact.
@@ -81,7 +82,14 @@ def trainer_state(t: Trainer) -> dict[str, Any]:
         "data_gen": t.data_gen.get_state(),
         "order_gen": t.order_gen.get_state(),
         "torch_rng": torch.get_rng_state(),
+        "loss_window": t.window.state_dict(),
+        "last_eval": dict(t.last_eval),
     }
+
+
+TRAINER_STATE_KEYS = {"step": int, "tokens_seen": int, "train_seconds": float, "optimizer": dict,
+                      "ema_updates": int, "data_gen": torch.Tensor, "order_gen": torch.Tensor,
+                      "torch_rng": torch.Tensor}
 
 
 def save(t: Trainer) -> Path | None:
@@ -114,6 +122,15 @@ def read_trainer_state(ckpt: Path, fsdp: bool) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - any failure to read means a damaged file
         raise AOGPTError(f"trainer state {state_path} is missing or corrupted ({type(exc).__name__})",
                          "resume from an earlier checkpoint with --resume-from") from None
+    fix = "resume from an earlier checkpoint with --resume-from"
+    if not isinstance(state, dict):
+        raise AOGPTError(f"trainer state {state_path} is not a dictionary", fix)
+    for key, kind in TRAINER_STATE_KEYS.items():
+        if key not in state:
+            raise AOGPTError(f"trainer state {state_path} lacks {key!r}", fix)
+        if not isinstance(state[key], kind) or isinstance(state[key], bool):
+            raise AOGPTError(f"trainer state {state_path}: {key} must be {kind.__name__}, "
+                             f"got {type(state[key]).__name__}", fix)
     if state.get("sharding", "replicated") != sharding(fsdp):
         raise AOGPTError(f"{ckpt} was written with {state.get('sharding')} optimizer state, "
                          f"this run is {sharding(fsdp)}", "resume with the same --fsdp setting")
@@ -137,10 +154,17 @@ def resume(t: Trainer, ckpt: Path) -> None:
         t.ema.load_state_dict(ema, state["ema_updates"])
         t.optimizer.load_state_dict(state["optimizer"])
     t.ema.num_updates = int(state["ema_updates"])
-    t.data_gen.set_state(state["data_gen"])
-    t.order_gen.set_state(state["order_gen"].to(t.order_gen.get_state().device))
-    torch.set_rng_state(state["torch_rng"])
+    try:
+        t.data_gen.set_state(state["data_gen"])
+        t.order_gen.set_state(state["order_gen"].to(t.order_gen.get_state().device))
+        torch.set_rng_state(state["torch_rng"])
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise AOGPTError(f"trainer state {ckpt / 'trainer.pt'} holds damaged random-generator states ({exc})",
+                         "resume from an earlier checkpoint with --resume-from") from None
     t.step, t.tokens_seen = int(state["step"]), int(state["tokens_seen"])
     t.train_seconds = float(state["train_seconds"])
+    if "loss_window" in state:  # absent in checkpoints written before the window was kept
+        t.window.load_state_dict(state["loss_window"])
+    t.last_eval = dict(state.get("last_eval", {}))
     t.last_checkpoint = ckpt
     t.metrics.truncate(t.step)

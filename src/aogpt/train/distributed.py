@@ -57,17 +57,17 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def wrap_model(model: nn.Module, info: DistInfo, device: torch.device, fsdp: bool) -> nn.Module:
-    """DDP (default) or FSDP2 `fully_shard` (per block, then the whole model)."""
+def wrap_model(model: nn.Module, info: DistInfo, device: torch.device, fsdp: bool,
+               param_dtype: torch.dtype | None = None) -> nn.Module:
+    """DDP (default) or FSDP2 `fully_shard` (per block, then the whole model). Under FSDP the
+    parameters are gathered in `param_dtype` for compute (bf16 with autocast on CUDA; None keeps
+    fp32, as on the CPU) and gradients reduced in fp32. FSDP2 runs on CPU processes too (gloo)."""
     if fsdp:
-        if device.type != "cuda":
-            raise AOGPTError(
-                "FSDP needs CUDA devices in this project (gloo does not support its collectives well enough on CPU)",
-                "drop --fsdp on CPU, DDP is used instead",
-            )
+        if not (dist.is_available() and dist.is_initialized()):
+            raise AOGPTError("FSDP shards the model over several processes", "launch with torchrun, or drop --fsdp")
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
         for block in model.transformer.h:
             fully_shard(block, mp_policy=policy)
         fully_shard(model, mp_policy=policy)

@@ -22,7 +22,6 @@ class EMA:
         self.num_updates = 0
         self.model = copy.deepcopy(model).eval()
         self.model.requires_grad_(False)
-        self._params = list(self.model.parameters())
 
     def current_decay(self) -> float:
         u = self.num_updates
@@ -33,7 +32,8 @@ class EMA:
         """ema <- d * ema + (1 - d) * param, for every parameter, in one fused call."""
         weight = 1.0 - self.current_decay()
         params = [p.detach() for p in model.parameters()]
-        torch._foreach_lerp_(self._params, params, weight)
+        mine = list(self.model.parameters())  # read each time: FSDP replaces them by their shards
+        torch._foreach_lerp_(mine, params, weight)
         self.num_updates += 1
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -1,6 +1,12 @@
 """The training loop, `Trainer.fit`: step until `max_steps`, a time limit or a signal; log, validate
 and checkpoint on their cadences; then validate, checkpoint and plot once more.
 
+The records written follow the cadences only (`log_interval`, `eval_interval`, and the last step):
+a run stopped early by a signal or its time limit validates once more for its summary but logs that
+validation only where the cadence would have, and the loss window still open goes into the
+checkpoint (`Trainer.window`). So a run stopped at any step and resumed writes the same
+metrics.jsonl as one that was never stopped.
+
 SIGINT and SIGTERM do not interrupt a step: they set a flag that every rank sees at the end of the
 step (`distributed.broadcast_flag`), so all ranks stop together and write a final checkpoint.
 """
@@ -16,7 +22,6 @@ from typing import Any
 from aogpt.progress import progress
 from aogpt.train import distributed
 from aogpt.train.step import StepResult
-from aogpt.train.throughput import Window
 
 Trainer = Any  # aogpt.train.trainer.Trainer (not imported: trainer.py imports this module)
 
@@ -42,7 +47,9 @@ def fit(t: Trainer) -> dict[str, Any]:
                                       initial=t.step, unit="step") as bar:
         last = train_steps(t, bar)
     final_eval = t.evaluate()
-    t.log({"kind": "eval", "step": t.step, **final_eval})
+    if t.step % t.cfg.eval_interval == 0 or t.step == t.cfg.max_steps:
+        t.log({"kind": "eval", "step": t.step, **final_eval})  # off the cadence only in the summary, so
+        # metrics.jsonl of a run stopped early and resumed equals that of an uninterrupted run
     ckpt = t.save()
     plot = t.plot()
     return {
@@ -63,7 +70,8 @@ def fit(t: Trainer) -> dict[str, Any]:
 def train_steps(t: Trainer, bar: Any) -> StepResult | None:
     """The steps, with train records every `log_interval`, validation every `eval_interval` and
     checkpoints every `ckpt_interval`; the last step's result (None if none ran)."""
-    cfg, window, last = t.cfg, Window(), None
+    cfg, window, last = t.cfg, t.window, None
+    window.restart_clock()
     while t.step < cfg.max_steps:
         t0 = time.perf_counter()
         last = t.train_step()
@@ -84,7 +92,7 @@ def train_steps(t: Trainer, bar: Any) -> StepResult | None:
     return last
 
 
-def log_window(t: Trainer, window: Window, last: StepResult, bar: Any) -> None:
+def log_window(t: Trainer, window: Any, last: StepResult, bar: Any) -> None:
     """Write the train record of the steps since the last one, and show it on the progress bar."""
     figures = window.close(flops_per_token=t.flops_per_token, peak=t.peak_flops, devices=t.info.world_size)
     record = {"kind": "train", "step": t.step, "loss": figures["loss"], "lr": last.lr, "grad_norm": last.grad_norm,

@@ -1,7 +1,7 @@
 """The run's metrics: `metrics.jsonl` (one JSON record per line, rank 0 only) and `loss.png`.
 
-A resumed run first drops the records a crashed run wrote after the checkpoint it resumes from, so
-the file reads as one uninterrupted run.
+A resumed run first drops the records a crashed run wrote after the checkpoint it resumes from (and
+a last line torn by the crash, with a warning), so the file reads as one uninterrupted run.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from aogpt.io import atomic_write_text
+from aogpt.io import atomic_write_text, read_jsonl
 from aogpt.plots import plot_loss_curves
 
 
@@ -34,12 +34,8 @@ class MetricsLog:
         path = self.path
         if not self.is_main or path is None or not path.is_file():
             return
-        keep = [
-            line
-            for line in path.read_text(encoding="utf-8").splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= step
-        ]
-        atomic_write_text(path, "".join(line + "\n" for line in keep))
+        keep = [row for row in read_jsonl(path) if row.get("step", 0) <= step]  # a torn last line is dropped
+        atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in keep))
 
     def plot(self, title: str) -> Path | None:
         """Draw the loss curves to `<out>/loss.png` (main rank only)."""

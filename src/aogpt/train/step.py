@@ -19,6 +19,7 @@ from aogpt.config import TrainConfig
 from aogpt.errors import AOGPTError
 from aogpt.families import family_of
 from aogpt.train import distributed
+from aogpt.validation import field_range
 
 
 def autocast_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
@@ -57,12 +58,14 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> 
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup to `lr`, then cosine decay to `min_lr` at `max_steps`."""
+    """Linear warmup to `lr`, then cosine decay to `min_lr` at `cfg.decay_steps` (`max_steps`, or the
+    original horizon of a run extended with --extend-to); `min_lr` from there on."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
-    if step >= cfg.max_steps:
+    end = cfg.decay_steps
+    if step >= end:
         return cfg.min_lr
-    progress = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
+    progress = (step - cfg.warmup_steps) / max(1, end - cfg.warmup_steps)
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
 
 
@@ -77,7 +80,11 @@ def accumulation_steps(cfg: TrainConfig, world_size: int, block_size: int) -> in
             f"micro-batch {cfg.batch_size} x block {block_size} = {per_micro}",
             "change --global-batch-tokens or --batch-size",
         )
-    return cfg.global_batch_tokens // per_micro
+    accum = cfg.global_batch_tokens // per_micro
+    limit = field_range(TrainConfig, "grad_accum")
+    limit.check(f"the accumulation steps derived from a global batch of {cfg.global_batch_tokens} tokens", accum,
+                "lower --global-batch-tokens, or raise --batch-size")
+    return accum
 
 
 def training_loss(model: nn.Module, idx: torch.Tensor, order: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

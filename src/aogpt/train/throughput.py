@@ -48,6 +48,14 @@ class Window:
     def restart_clock(self) -> None:
         self.start = time.perf_counter()
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the open window (the clock restarts on resume)."""
+        return {"tokens": self.tokens, "loss": self.loss, "steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.tokens, self.loss, self.steps = int(state["tokens"]), float(state["loss"]), int(state["steps"])
+        self.restart_clock()
+
     def close(self, *, flops_per_token: float, peak: float | None, devices: int) -> dict[str, Any]:
         """The window's figures (`loss`, `tokens_per_s`, and `mfu` where the peak is known); then a
         new, empty window begins."""

@@ -24,7 +24,7 @@ from aogpt.train.ema import EMA
 from aogpt.train.metrics import MetricsLog
 from aogpt.train.sources import BatchSource
 from aogpt.train.step import OptimizerStep, StepResult, accumulation_steps, autocast_dtype, make_optimizer
-from aogpt.train.throughput import flops_per_token, peak_flops
+from aogpt.train.throughput import Window, flops_per_token, peak_flops
 from aogpt.train.validation import Validation
 
 
@@ -43,6 +43,7 @@ class Trainer:
         tokenizer: Any = None,
         show_progress: bool = True,
     ):
+        cfg.validate()  # every number in its range, also when the config was built by hand
         self.info = info or distributed.DistInfo()
         self.device = resolve_device(cfg.device, self.info.local_rank if self.info.enabled else None)
         self.model_cfg, self.cfg = model_cfg, cfg
@@ -72,19 +73,20 @@ class Trainer:
         if cfg.init_from:
             checkpointing.init_weights_from(self.raw, Path(cfg.init_from))
         self.ema = EMA(self.raw, cfg.ema_decay, cfg.ema_warmup)
-        self.optimizer = make_optimizer(self.raw, cfg, self.device)
         self.amp = autocast_dtype(cfg, self.device)
         self.data_gen = torch.Generator().manual_seed(cfg.seed)
         self.order_gen = torch.Generator(self.device).manual_seed(cfg.seed + 1)
         self.step, self.tokens_seen, self.train_seconds = 0, 0, 0.0
+        self.window = Window()  # the steps since the last train record (saved with checkpoints)
         self.last_eval: dict[str, float] = {}
         self.last_checkpoint: Path | None = None
         self._stop_signal: str | None = None
         torch.manual_seed(cfg.seed + 7919 * (self.info.rank + 1))  # dropout streams differ per rank
 
-        self.model: nn.Module = distributed.wrap_model(self.raw, self.info, self.device, cfg.fsdp)
+        self.model: nn.Module = distributed.wrap_model(self.raw, self.info, self.device, cfg.fsdp, self.amp)
         if cfg.fsdp:
-            distributed.wrap_model(self.ema.model, self.info, self.device, True)
+            distributed.wrap_model(self.ema.model, self.info, self.device, True, self.amp)
+        self.optimizer = make_optimizer(self.raw, cfg, self.device)  # after sharding: FSDP replaces the parameters
         self.step_model = self.model
         if cfg.compile and self.device.type == "cuda":
             self.step_model = torch.compile(self.model)
