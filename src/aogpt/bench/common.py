@@ -257,15 +257,21 @@ class Target:
                 "relation": ">=" if self.at_least else "<=", "met": self.met, "note": self.note, "line": self.line()}
 
 
-def write_outputs(out: Path | None, name: str, markdown: str, summary: dict[str, Any]) -> dict[str, str]:
-    """DIR/NAME.md and DIR/NAME.json (atomic); returns the paths written."""
+def write_outputs(out: Path | None, name: str, markdown: str, summary: dict[str, Any],
+                  plot: Callable[[dict[str, Any], Path], Path | None] | None = None) -> dict[str, str]:
+    """DIR/NAME.md and DIR/NAME.json (atomic), and DIR/NAME.png when a `plot` is given and matplotlib
+    draws it; returns the paths written."""
     if out is None:
         return {}
     out = Path(out)
     ensure_writable_dir(out)
     atomic_write_text(out / f"{name}.md", markdown + "\n")
     write_json(out / f"{name}.json", summary)
-    return {"markdown": str(out / f"{name}.md"), "json": str(out / f"{name}.json")}
+    files = {"markdown": str(out / f"{name}.md"), "json": str(out / f"{name}.json")}
+    png = plot(summary, out / f"{name}.png") if plot is not None else None
+    if png is not None:
+        files["png"] = str(png)
+    return files
 
 
 def parse_int_list(text: str, what: str) -> list[int]:

@@ -188,8 +188,5 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
     if out is not None:
         from aogpt.bench.plot import plot_generation
 
-        result["files"] = write_outputs(out, "generate", to_markdown(result), result)
-        png = plot_generation(result, Path(out) / "generate.png")
-        if png is not None:
-            result["files"]["png"] = str(png)
+        result["files"] = write_outputs(out, "generate", to_markdown(result), result, plot=plot_generation)
     return result

@@ -122,10 +122,7 @@ def bench_speculative(aogpt: Any, *, gpt: Any = None, ns: list[int] = (128, 256)
               "quality": quality, "environment": environment(torch.device("cpu")),
               "size": {k: getattr(model.config, k) for k in ("n_layer", "n_embd", "n_head", "vocab_size")}}
     if out is not None:
-        result["files"] = write_outputs(out, "speculative", to_markdown(result), result)
-        png = plot(result, Path(out) / "speculative.png")
-        if png is not None:
-            result["files"]["png"] = str(png)
+        result["files"] = write_outputs(out, "speculative", to_markdown(result), result, plot=plot)
     return result
 
 
