@@ -28,6 +28,7 @@ from aogpt.generation.conditioning import Conditioning, parse_template, prompt_c
 from aogpt.generation.plan import base_orders, chain_orders, resolve_order, step_counts
 from aogpt.generation.settings import DecodePlan, GenerationSettings, settings_from
 from aogpt.inference import for_inference
+from aogpt.orders import is_adaptive
 from aogpt.schedules import count_schedule
 
 __all__ = ["Conditioning", "DecodePlan", "GenerationResult", "GenerationSettings", "generate", "infill",
@@ -87,7 +88,9 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
     settings: a `GenerationSettings`; keyword shortcuts override its fields (None: keep): steps (T
     in 1..length, default one per position to generate), policy ("bernoulli": Lemma 4.1, the default
     where several tokens per step are possible; "count": deterministic), schedule ("linear" or
-    "cosine"), order (an `aogpt.orders` spec, default "random", or permutations (n,) / (N, n)),
+    "cosine"), order (an `aogpt.orders` spec, default "random", or permutations (n,) / (N, n), or
+    "confidence" / "margin" / "entropy": chosen by the model while decoding, with candidates and
+    threshold, `aogpt.generation.adaptive`),
     temperature, top_p, top_k, greedy, dtype (precision of the draw, default float64),
     batch_size (default 32), use_cache, prepack (CPU: decode weights packed once, `aogpt.inference`),
     attention ("sdpa" or "flex"), compile (torch.compile the decode step), skip_noop (an encoder
@@ -105,7 +108,8 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
     n, m = condition.length, condition.positions.numel()
     masked = n - m
     plan_cfg = settings.plan
-    policy = plan_cfg.policy or fam.default_policy
+    adaptive = is_adaptive(plan_cfg.order)  # chosen while decoding: aogpt.generation.adaptive
+    policy = plan_cfg.policy or ("count" if adaptive else fam.default_policy)
     steps = masked if plan_cfg.steps is None else int(plan_cfg.steps)
     if not 1 <= steps <= n:
         raise AOGPTError(f"steps must lie in 1..{n} (the output length), got {steps}",
@@ -114,14 +118,14 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
         raise AOGPTError(f"num_samples must be >= 1, got {num_samples}", "ask for at least one sample")
     batch_size = min(num_samples, settings.batch_size)
     order_arg = plan_cfg.order if plan_cfg.order is not None else (None if fam.any_order else "l2r")
-    order = resolve_order(order_arg, num_samples, n)
+    order = resolve_order("l2r" if adaptive else order_arg, num_samples, n)  # adaptive: known positions first
     vocab_limit = getattr(tokenizer, "vocab_size", None)
     if vocab_limit is not None and vocab_limit > model.config.vocab_size:
         raise AOGPTError(f"tokenizer has {vocab_limit} ids but the model only {model.config.vocab_size}",
                          "use the tokenizer the model was trained with")
     cfg = dataclasses.replace(settings.sampling, vocab_limit=vocab_limit).validate()
     fam.check_generation(policy=policy, counts=lambda: count_schedule(masked, steps, plan_cfg.schedule),
-                         order=order, known_positions=condition.positions)
+                         order=order_arg if adaptive else order, known_positions=condition.positions)
     if seed is None:
         seed = int.from_bytes(os.urandom(8), "little") >> 2
     device = next(model.parameters()).device
@@ -147,10 +151,18 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
                 chain = chain_orders(base_orders(order, start, B, n, gens.plan), known_mask)
                 plan = step_counts(policy, plan_cfg.schedule, steps, masked, B, gens.plan)
                 chain_d = chain.to(device)
-                teacher = None if teacher_tokens is None else teacher_tokens[start:start + B].gather(1, chain_d)
-                sampler = fam.sampler(runner, chain_d, known_chain, plan, settings, teacher=teacher,
-                                      record=record_logits)
+                teacher = None if teacher_tokens is None else teacher_tokens[start:start + B]
+                if adaptive:  # teacher tokens by position; the sampler reports the orders it chose
+                    sampler = fam.adaptive_sampler(runner, chain_d, known_chain, plan, settings, generator=gens.plan,
+                                                   teacher=teacher, record=record_logits)
+                else:
+                    sampler = fam.sampler(runner, chain_d, known_chain, plan, settings,
+                                          teacher=None if teacher is None else teacher.gather(1, chain_d),
+                                          record=record_logits)
                 y = sampler.run(cfg, gens.tokens, progress)
+                if adaptive:
+                    chain_d, plan = sampler.chain, sampler.step_counts
+                    chain = chain_d.cpu()
                 tokens.append(torch.empty_like(y).scatter_(1, chain_d, y).cpu())
                 orders.append(chain)
                 plans.append(torch.from_numpy(plan))
@@ -172,6 +184,7 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
     timing = {"seconds": seconds, "tokens_per_second": num_samples * masked / max(seconds, 1e-9), **stats}
     report = {"num_samples": num_samples, "length": n, "known_tokens": m, "steps": steps, "policy": policy,
               "schedule": plan_cfg.schedule, "order": _order_label(order_arg),
+              **({"candidates": plan_cfg.candidates, "threshold": plan_cfg.threshold} if adaptive else {}),
               "seed": int(seed), "use_cache": settings.use_cache and fam.kv_cache, "batch_size": batch_size,
               "variant": model.config.variant, **cfg.to_dict()}
     return GenerationResult(out_tokens, torch.cat(orders), torch.cat(plans), known_mask, texts, timing, report,

@@ -13,7 +13,7 @@ from aogpt.cli.common import add_common, emit_json, progress
 from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
 from aogpt.generation.settings import DecodePlan, GenerationSettings, SamplingConfig
-from aogpt.orders import make_order_sampler
+from aogpt.orders import is_adaptive, make_order_sampler
 
 HELP = "sample text from a checkpoint: unconditional, continuing a prompt, or filling [MASK:k] blanks"
 
@@ -40,7 +40,13 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--schedule", choices=("linear", "cosine"), default="linear", help="time grid (default linear)")
     p.add_argument("--order", default=None,
                    help="unmasking order: random (default; = uniform), l2r, another order spec (blockwise:4, "
-                   "fixed-random:SEED, mixture:P, ...) or a comma-separated permutation of positions")
+                   "fixed-random:SEED, mixture:P, ...), a comma-separated permutation of positions, or chosen by "
+                   "the model while decoding: confidence, margin, entropy (most sure positions first)")
+    p.add_argument("--candidates", type=int, default=None, metavar="C",
+                   help="adaptive orders: score a random subset of C remaining positions per step (default: all)")
+    p.add_argument("--threshold", type=float, default=None, metavar="P",
+                   help="adaptive orders: also reveal every position whose top probability is at least P "
+                   "(at least one per step)")
     p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature, > 0 (default 1.0)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold in (0, 1] (default 1.0: off)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: off)")
@@ -70,6 +76,8 @@ def _order(spec: str | None) -> Any:
         return None
     if spec.replace(",", "").replace(" ", "").isdigit():
         return torch.tensor(_int_list(spec, "order", "list positions as 0,2,1,..."))
+    if is_adaptive(spec):
+        return spec
     make_order_sampler(spec)
     return spec
 
@@ -90,7 +98,12 @@ def _describe(s: dict[str, Any], weights: str) -> str:
     parts = [f"{s['variant']}", f"{s['num_samples']} sample(s) x {s['length']} tokens"]
     if s["known_tokens"]:
         parts.append(f"{s['known_tokens']} given")
-    parts += [f"{s['steps']} steps ({s['policy']}, {s['schedule']})", f"order {s['order']}",
+    order = f"order {s['order']}"
+    if s.get("candidates") is not None:
+        order += f" ({s['candidates']} candidates per step)"
+    if s.get("threshold") is not None:
+        order += f" (threshold {s['threshold']:g})"
+    parts += [f"{s['steps']} steps ({s['policy']}, {s['schedule']})", order,
               "greedy" if s["greedy"] else f"temperature {s['temperature']:g}, top-p {s['top_p']:g}, "
               f"top-k {s['top_k']}", f"seed {s['seed']}", f"{weights} weights",
               "KV cache" if s["use_cache"] else "no cache"]
@@ -117,7 +130,8 @@ def settings_from_args(args: argparse.Namespace) -> GenerationSettings:
     """The flags as one `GenerationSettings` (the object the Python API and the benchmarks use)."""
     sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, greedy=args.greedy,
                               dtype=torch.float32 if args.float32_sampling else torch.float64)
-    plan = DecodePlan(steps=args.steps, policy=args.policy, schedule=args.schedule, order=_order(args.order))
+    plan = DecodePlan(steps=args.steps, policy=args.policy, schedule=args.schedule, order=_order(args.order),
+                      candidates=args.candidates, threshold=args.threshold)
     return GenerationSettings(sampling, plan, batch_size=args.batch_size, use_cache=not args.no_cache).validate()
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from aogpt.errors import AOGPTError, check_choice
 from aogpt.kv_cache import ATTENTION
+from aogpt.orders import ADAPTIVE, is_adaptive
 from aogpt.sampling import SamplingConfig
 from aogpt.schedules import POLICIES, SCHEDULES
 
@@ -28,24 +29,43 @@ class DecodePlan:
     steps: T (None: one step per position to generate). policy: "bernoulli" (Lemma 4.1) or "count"
     (None: the model family's default: Bernoulli where several tokens per step are possible).
     schedule: "linear" or "cosine" time grid. order: the unmasking order: an `aogpt.orders` spec
-    ("random"/"uniform", "l2r", "blockwise:4", ...) or explicit permutation(s) (n,) / (N, n); None:
-    uniform (left to right for a left-to-right model).
+    ("random"/"uniform", "l2r", "blockwise:4", ...), explicit permutation(s) (n,) / (N, n), or an
+    adaptive order chosen while decoding ("confidence", "margin", "entropy": `aogpt.generation.adaptive`,
+    with the ``count`` policy by default); None: uniform (left to right for a left-to-right model).
+    Adaptive orders only: candidates, how many remaining positions are scored per step (None: all;
+    C: a random subset of C); threshold, a probability in (0, 1]: also reveal every candidate whose
+    largest probability reaches it, and at least one position per step.
     """
 
     steps: int | None = None
     policy: str | None = None
     schedule: str = "linear"
     order: Any = None
+    candidates: int | None = None
+    threshold: float | None = None
 
     def validate(self) -> DecodePlan:
         if self.policy is not None:
             check_choice("policy", self.policy, POLICIES)
         check_choice("schedule", self.schedule, SCHEDULES)
+        if (self.candidates is not None or self.threshold is not None) and not is_adaptive(self.order):
+            raise AOGPTError("candidates and threshold apply only to an adaptive order",
+                             f"use order {' / '.join(ADAPTIVE)}, or drop them")
+        if self.candidates is not None and (isinstance(self.candidates, bool) or not isinstance(self.candidates, int)
+                                            or self.candidates < 1):
+            raise AOGPTError(f"candidates must be a positive number of positions, got {self.candidates}",
+                             "use e.g. --candidates 8 (or leave it out: every remaining position)")
+        if self.threshold is not None and not 0.0 < self.threshold <= 1.0:
+            raise AOGPTError(f"the threshold must be a probability in (0, 1], got {self.threshold}",
+                             "use e.g. --threshold 0.9")
         return self
 
     def to_dict(self) -> dict[str, Any]:
         order = self.order if self.order is None or isinstance(self.order, str) else "given"
-        return {"steps": self.steps, "policy": self.policy, "schedule": self.schedule, "order": order}
+        out = {"steps": self.steps, "policy": self.policy, "schedule": self.schedule, "order": order}
+        if is_adaptive(self.order):
+            out.update(candidates=self.candidates, threshold=self.threshold)
+        return out
 
 
 @dataclass(frozen=True)
@@ -62,7 +82,7 @@ class GenerationSettings:
     skip_noop: bool = True  # encoder: skip the forward of steps that reveal nothing (MDLM's trick)
 
     SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "greedy", "dtype")
-    PLAN_FIELDS = ("steps", "policy", "schedule", "order")
+    PLAN_FIELDS = ("steps", "policy", "schedule", "order", "candidates", "threshold")
     RUN_FIELDS = ("batch_size", "use_cache", "prepack", "attention", "compile", "skip_noop")
 
     def with_overrides(self, **overrides: Any) -> GenerationSettings:
