@@ -142,10 +142,10 @@ def test_bad_input_exits_2(cli, tmp_path, args, message):
 def test_adaptive_quick_json(cli, tmp_path):
     res = cli("bench", "adaptive", "--quick", "--no-text", "--threads", "1", "--puzzles", "2", "--seeds", "1",
               "--train-steps", "2",
-              "--orders", "random,margin", "--out", tmp_path, "--json", "--no-progress")
+              "--orders", "random,margin", "--out", tmp_path, "--work", tmp_path / "work", "--json", "--no-progress")
     assert res.code == 0, res.err
     s = res.json
-    assert s["command"] == "bench adaptive" and s["task"] == "sudoku4" and s["text_run"] is None
+    assert s["command"] == "bench adaptive" and s["task"] == "walk" and s["text_run"] is None
     assert [(r["model"], r["order"]) for r in s["solve"]] == [("aogpt", "random"), ("aogpt", "margin"),
                                                              ("encoder-mdm", "random"), ("encoder-mdm", "margin")]
     assert "| model | order | solved | 95% CI |" in res.out

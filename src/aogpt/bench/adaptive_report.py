@@ -38,12 +38,12 @@ def to_markdown(result: dict[str, Any]) -> str:
                    for s in result["spread"]]
     runs = ", ".join(f"{LABELS.get(k, k)} `{v}`" for k, v in result["runs"].items())
     lines = [
-        f"# Adaptive unmasking orders on {result['task']} ({result['cells']} cells)",
+        f"# Adaptive unmasking orders on synthetic:{result['task']} ({result['cells']} cells)",
         "",
-        f"Minimal puzzles (no given can be removed without losing uniqueness), {result['seeds']} seeds × "
+        f"Puzzles: {result['task_summary']}; {result['seeds']} seeds × "
         f"{result['puzzles']} puzzles, each solved once per order, one position per step, {how}"
-        + (f", {', '.join(extra)}" if extra else "") + ". A puzzle counts as solved when the grid is valid and "
-        "keeps every given. 95% Wilson intervals over all puzzles; per seed: the solve rate of each seed's "
+        + (f", {', '.join(extra)}" if extra else "") + ". A puzzle counts as solved when the answer is correct "
+        "(each puzzle has exactly one). 95% Wilson intervals over all puzzles; per seed: the solve rate of each seed's "
         f"puzzle set. Models trained by this benchmark: {tr['layers']} layers, width {tr['width']}, "
         f"{tr['heads']} heads, {tr['steps']} steps of {tr['batch']} sequences, uniform orders; runs: {runs}.",
         "",

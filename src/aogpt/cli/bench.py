@@ -129,7 +129,7 @@ def add_parser(subparsers: Any) -> None:
                        "random, left-to-right and the adaptive orders confidence, margin and entropy over several "
                        "seeds (95% Wilson intervals), and measure how much log p(x) differs across orders, also on "
                        "text; writes DIR/adaptive.md, .json and .png. Trained runs are kept in --work and reused.")
-    a.add_argument("--task", default=None, help="synthetic task: sudoku4 (default) or sudoku6")
+    a.add_argument("--task", default=None, help="synthetic task: walk (default), sudoku4 or sudoku6")
     a.add_argument("--puzzles", type=int, default=None, help="puzzles per seed (default 200)")
     a.add_argument("--seeds", type=int, default=None, help="puzzle sets, each with its own seed (default 3)")
     a.add_argument("--orders", default=None, metavar="O,O,...",
@@ -141,7 +141,7 @@ def add_parser(subparsers: Any) -> None:
     a.add_argument("--threshold", type=float, default=None, metavar="P",
                    help="adaptive orders also reveal every position whose top probability is at least P")
     a.add_argument("--train-steps", type=int, default=None, metavar="N",
-                   help="training steps of each model on the task (default 3000)")
+                   help="training steps of each model on the task (default 2500)")
     a.add_argument("--layers", type=int, default=None, help="blocks of the trained models (default 3)")
     a.add_argument("--width", type=int, default=None, help="their width (default 128)")
     a.add_argument("--heads", type=int, default=None, help="their attention heads (default 4)")
@@ -155,7 +155,7 @@ def add_parser(subparsers: Any) -> None:
     a.add_argument("--spread-sequences", type=int, default=None, metavar="M",
                    help="sequences whose spread is measured (default 64)")
     a.add_argument("--work", type=Path, default=None, metavar="DIR",
-                   help="where data and trained runs are kept (default DIR/adaptive-work)")
+                   help="where data and trained runs are kept (default runs/bench-adaptive)")
     _run_flags(a)
     a.set_defaults(func=run_adaptive)
 

@@ -289,7 +289,7 @@ def _wiki_excerpt(val_fraction: float | None, val_docs: int | None, seed: int, m
 # --- synthetic tasks -------------------------------------------------------------------------------
 
 
-def _synthetic(t: synthetic.Sudoku, val_fraction: float | None, val_docs: int | None, seed: int,
+def _synthetic(t: synthetic.Task, val_fraction: float | None, val_docs: int | None, seed: int,
                max_docs: int | None) -> Corpus:
     if val_fraction is not None:
         raise AOGPTError("--val-fraction does not apply to a synthetic corpus (it has its own validation split)",

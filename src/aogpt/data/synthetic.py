@@ -14,10 +14,18 @@ unique: the result is *minimal* (no given can go), the hardest kind of puzzle fo
 An answer is correct when it is a valid grid that keeps every given (the solution is unique, so
 that is the solution).
 
-Why order matters here: given a minimal puzzle, some blank cells follow from the givens at a glance
-(their row, column and box leave one digit), others only after further cells are filled. A model
-that reveals a hard cell early must guess; one that reveals the cells it is sure of first
-(`aogpt.generation.adaptive`) turns hard cells into easy ones.
+Running sums (``walk``): twelve random steps a_i in {0, 1} and the positions of a walk that takes
+them, modulo 10, from a random start c: s_i = (c + a_0 + ... + a_i) mod 10, written interleaved as
+a_0 s_0 a_1 s_1 ... (24 digits, 25 tokens). A puzzle gives every step and one position s_j (a random
+j), which fixes the answer: each blank s_i follows from a known neighbour (s_i = s_(i-1) + a_i,
+s_(i-1) = s_i - a_i), while computing it directly needs the exact count of steps between it and
+s_j, which a small network does not get right in one pass. A carry chain, in short. An answer is
+correct when every digit equals the solution.
+
+Why order matters here: given a puzzle, some blank cells follow from the givens at a glance (a
+Sudoku cell whose row, column and box leave one digit; a running sum next to a known one), others
+only after further cells are filled. A model that reveals a hard cell early must guess; one that
+reveals the cells it is sure of first (`aogpt.generation.adaptive`) turns hard cells into easy ones.
 """
 
 from __future__ import annotations
@@ -44,8 +52,79 @@ class Puzzle:
         return sum(g is None for g in self.givens)
 
 
+class Task:
+    """What every synthetic task offers: `cells` per document, one character per cell (`text`,
+    `parse`), random solutions, puzzles with one answer, and a checker."""
+
+    name: str
+    cells: int
+    summary: str = ""  # what a puzzle is, in one phrase (for reports)
+
+    @property
+    def length(self) -> int:
+        """Characters per document (one per cell)."""
+        return self.cells
+
+    def solution(self, rng: random.Random) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def puzzle(self, rng: random.Random) -> Puzzle:
+        raise NotImplementedError
+
+    def check(self, puzzle: Puzzle, answer: list[int] | tuple[int, ...]) -> bool:
+        raise NotImplementedError
+
+    def text(self, grid: tuple[int, ...] | list[int]) -> str:
+        return "".join(str(d) for d in grid)
+
+    def parse(self, text: str) -> list[int]:
+        """Digits of an answer text; a character that is no digit reads as -1 (never correct)."""
+        return [int(ch) if ch.isdigit() else -1 for ch in text[: self.cells]]
+
+
 @dataclass(frozen=True)
-class Sudoku:
+class RunningSums(Task):
+    """`pairs` random steps in 0..steps-1 interleaved with their running sums modulo `modulus`
+    (module docstring)."""
+
+    name: str
+    pairs: int
+    modulus: int = 10
+    steps: int = 2
+
+    @property
+    def summary(self) -> str:  # type: ignore[override]
+        return (f"walks of {self.pairs} steps (running sums modulo {self.modulus}): every step and one position "
+                "given, the other positions blank")
+
+    @property
+    def cells(self) -> int:  # type: ignore[override]
+        return 2 * self.pairs
+
+    def solution(self, rng: random.Random) -> tuple[int, ...]:
+        total, out = rng.randrange(self.modulus), []
+        for _ in range(self.pairs):
+            a = rng.randrange(self.steps)
+            total = (total + a) % self.modulus
+            out += [a, total]
+        return tuple(out)
+
+    def puzzle(self, rng: random.Random) -> Puzzle:
+        solution = self.solution(rng)
+        anchor = 2 * rng.randrange(self.pairs) + 1
+        givens = tuple(d if i % 2 == 0 or i == anchor else None for i, d in enumerate(solution))
+        return Puzzle(givens, solution)
+
+    def check(self, puzzle: Puzzle, answer: list[int] | tuple[int, ...]) -> bool:
+        return tuple(answer) == puzzle.solution  # the givens fix the answer
+
+    def consistent(self, grid: list[int] | tuple[int, ...]) -> bool:
+        """Every running sum follows from the one before it and its digit (the start is free)."""
+        return all((grid[2 * i - 1] + grid[2 * i]) % self.modulus == grid[2 * i + 1] for i in range(1, self.pairs))
+
+
+@dataclass(frozen=True)
+class Sudoku(Task):
     """A size x size Sudoku with boxes of box_rows x box_cols cells; digits 1..size."""
 
     name: str
@@ -53,17 +132,17 @@ class Sudoku:
     box_cols: int
 
     @property
+    def summary(self) -> str:  # type: ignore[override]
+        return (f"minimal {self.size}x{self.size} Sudoku puzzles (no given can be removed without losing "
+                "uniqueness)")
+
+    @property
     def size(self) -> int:
         return self.box_rows * self.box_cols
 
     @property
-    def cells(self) -> int:
+    def cells(self) -> int:  # type: ignore[override]
         return self.size * self.size
-
-    @property
-    def length(self) -> int:
-        """Characters per document (one per cell)."""
-        return self.cells
 
     def units(self, cell: int) -> tuple[int, int, int]:
         """(row, column, box) of a cell."""
@@ -165,44 +244,39 @@ class Sudoku:
             return False
         return self.consistent(answer)
 
-    def text(self, grid: tuple[int, ...] | list[int]) -> str:
-        return "".join(str(d) for d in grid)
-
-    def parse(self, text: str) -> list[int]:
-        """Digits of an answer text; anything that is not a digit 1..size reads as 0 (invalid)."""
-        return [int(ch) if ch.isdigit() and 1 <= int(ch) <= self.size else 0 for ch in text[: self.cells]]
 
 
-TASKS = {t.name: t for t in (Sudoku("sudoku4", 2, 2), Sudoku("sudoku6", 2, 3))}
+TASKS: dict[str, Task] = {t.name: t for t in (Sudoku("sudoku4", 2, 2), Sudoku("sudoku6", 2, 3),
+                                              RunningSums("walk", 12))}
 PREFIX = "synthetic:"
 
 
-def task(name: str) -> Sudoku:
-    """A task by name (``sudoku4``, ``sudoku6``); an unknown name is a user error."""
+def task(name: str) -> Task:
+    """A task by name (``sudoku4``, ``sudoku6``, ``walk``); an unknown name is a user error."""
     if name not in TASKS:
         raise AOGPTError(f"unknown synthetic task {name!r}", f"use one of: {', '.join(TASKS)}")
     return TASKS[name]
 
 
-def parse_corpus_name(corpus: str) -> Sudoku | None:
+def parse_corpus_name(corpus: str) -> Task | None:
     """The task of ``synthetic:NAME``, None for any other corpus name."""
     if not corpus.startswith(PREFIX):
         return None
     return task(corpus[len(PREFIX):])
 
 
-def solutions(t: Sudoku, count: int, seed: int, stream: str) -> Iterator[str]:
+def solutions(t: Task, count: int, seed: int, stream: str) -> Iterator[str]:
     """`count` solution texts from the named stream of `seed` (train and val streams differ)."""
     rng = random.Random(f"{t.name}:{stream}:{seed}")
     for _ in range(count):
         yield t.text(t.solution(rng))
 
 
-def puzzles(t: Sudoku, count: int, seed: int) -> list[Puzzle]:
-    """`count` minimal puzzles from `seed` (a stream of their own: not the corpus's solutions)."""
+def puzzles(t: Task, count: int, seed: int) -> list[Puzzle]:
+    """`count` puzzles from `seed` (a stream of their own: not the corpus's solutions)."""
     rng = random.Random(f"{t.name}:puzzles:{seed}")
     return [t.puzzle(rng) for _ in range(count)]
 
 
-__all__ = ["DEFAULT_TRAIN", "DEFAULT_VAL", "PREFIX", "TASKS", "Puzzle", "Sudoku", "parse_corpus_name", "puzzles",
-           "solutions", "task"]
+__all__ = ["DEFAULT_TRAIN", "DEFAULT_VAL", "PREFIX", "TASKS", "Puzzle", "RunningSums", "Sudoku", "Task",
+           "parse_corpus_name", "puzzles", "solutions", "task"]
