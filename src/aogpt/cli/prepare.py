@@ -19,8 +19,9 @@ corpora:  shakespeare (default; 38 plays, Hamlet/The Tempest/Julius Caesar held 
           see --text-field) or a directory of them (recursive, sorted); UTF-8 only
           hf:NAME[:CONFIG], openwebtext, wikitext-103-raw-v1, wikitext-2-raw-v1 (streamed; need
           `datasets` and network access); openwebtext holds out its last 100,000 documents
-          synthetic:sudoku4, synthetic:sudoku6 (solved Sudoku grids generated from --seed, one
-          document each: 20,000 for training, 1,000 (--val-docs) for validation; tokenizer bytes)
+          synthetic:walk, synthetic:sudoku4, synthetic:sudoku6 (solutions of puzzles generated from
+          --seed, one document each: 20,000 for training, 1,000 (--val-docs) for validation;
+          tokenizer bytes)
 tokenizers: bpe:N (byte-level BPE with N ids trained on the train split), gpt2, bytes
 """
 

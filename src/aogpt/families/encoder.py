@@ -35,7 +35,7 @@ from torch import nn
 from aogpt.errors import AOGPTError
 from aogpt.families.base import ModelFamily, unwrap
 from aogpt.functional import token_nll
-from aogpt.generation.adaptive import AdaptiveSteps
+from aogpt.generation.adaptive import AdaptiveSampler, AdaptiveSteps
 from aogpt.sampling import SamplingConfig, sample_tokens
 
 __all__ = ["ENCODER_MDM", "EncoderFamily", "draw_masks", "masked_diffusion_loss", "weighted_losses", "order_nll",
@@ -265,11 +265,11 @@ class EncoderSampler:
         self.g += k
 
 
-class AdaptiveEncoderSampler:
+class AdaptiveEncoderSampler(AdaptiveSampler):
     """The reverse process in an adaptive order (`aogpt.generation.adaptive`): each step's single
     bidirectional pass gives p(x_j | unmasked tokens) at every masked position, so scoring the
     candidates costs only their rows of the output head. Sequences with nothing to reveal in a step
-    sit its forward out. Same interface as the decoder's `AdaptiveDecoderSampler`."""
+    sit its forward out."""
 
     def __init__(self, model: nn.Module, chain: torch.Tensor, known: torch.Tensor, plan: np.ndarray, settings,
                  generator: torch.Generator | None, teacher: torch.Tensor | None, record: bool):
@@ -284,38 +284,24 @@ class AdaptiveEncoderSampler:
         if m:
             self.x.scatter_(1, chain[:, :m], known.to(dev).expand(B, m))
 
-    chain = property(lambda self: self.steps.chain.to(self.dev))
-    step_counts = property(lambda self: self.steps.counts)
-    logits = property(lambda self: self.steps.logits)
-    forwards = property(lambda self: self.steps.forwards)
-    slots = property(lambda self: self.steps.slots)
-    padded = property(lambda self: self.steps.padded)
-    scored = property(lambda self: self.steps.scored)
+    def _forward(self, active: np.ndarray, cands: list[np.ndarray]) -> torch.Tensor:
+        """One bidirectional pass over the active sequences, the head only at their candidates."""
+        sizes = np.array([len(c) for c in cands])
+        width = int(sizes.max())
+        select = np.stack([np.pad(c, (0, width - len(c)), mode="edge") for c in cands])
+        rows = torch.from_numpy(active).to(self.dev)
+        logits = self.model.forward_slots(self.x[rows], positions(len(active), self.n, self.dev),
+                                          select=torch.from_numpy(select).to(self.dev))
+        self.steps.forwards += 1
+        self.steps.slots += len(active) * self.n
+        return logits[torch.from_numpy(np.arange(width) < sizes[:, None]).to(self.dev)]
 
-    def run(self, cfg: SamplingConfig, gen: torch.Generator | None,
-            progress: Callable[[int], None] | None) -> torch.Tensor:
-        """Decode every step; returns the tokens in the chosen chain order (B, n)."""
-        st = self.steps
-        for t in range(st.plan.shape[1]):
-            active, k = st.planned(t)
-            if len(active) == 0:
-                continue
-            cands = st.candidates(active, k)
-            width = max(len(c) for c in cands)
-            select = np.stack([np.pad(c, (0, width - len(c)), mode="edge") for c in cands])
-            rows = torch.from_numpy(active).to(self.dev)
-            logits = self.model.forward_slots(self.x[rows], positions(len(active), self.n, self.dev),
-                                              select=torch.from_numpy(select).to(self.dev))
-            real = torch.from_numpy(np.arange(width) < np.array([len(c) for c in cands])[:, None]).to(self.dev)
-            new, picks = st.decide(logits[real], active, cands, k, cfg, gen)
-            b_of = np.repeat(active, [len(p) for p in picks])
-            pos_of = np.concatenate([c[p] for c, p in zip(cands, picks, strict=True)])
-            self.x[torch.from_numpy(b_of).to(self.dev), torch.from_numpy(pos_of).to(self.dev)] = new
-            st.forwards += 1
-            st.slots += len(active) * self.n
-            revealed = st.advance(t, active, picks)
-            if progress is not None:
-                progress(revealed)
+    def _commit(self, active, cands, picks, new) -> None:
+        b_of = np.repeat(active, [len(p) for p in picks])
+        pos_of = np.concatenate([c[p] for c, p in zip(cands, picks, strict=True)])
+        self.x[torch.from_numpy(b_of).to(self.dev), torch.from_numpy(pos_of).to(self.dev)] = new
+
+    def _tokens(self) -> torch.Tensor:
         return self.x.gather(1, self.chain)
 
 

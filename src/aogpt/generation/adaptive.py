@@ -97,7 +97,7 @@ class AdaptiveSteps:
                  generator: torch.Generator | None, teacher: torch.Tensor | None, record: bool, vocab: int,
                  dtype: torch.dtype):
         B, n = chain.shape
-        self.B, self.n, self.m, self.plan = B, n, m, plan
+        self.B, self.n, self.plan = B, n, plan
         self.policy = settings.plan.order
         self.budget, self.threshold = settings.plan.candidates, settings.plan.threshold
         self.generator = generator
@@ -116,9 +116,6 @@ class AdaptiveSteps:
     def chain(self) -> torch.Tensor:
         """The chain orders (B, n) chosen so far: orders[b, i] = the position decided i-th."""
         return torch.from_numpy(self.order)
-
-    def step_counts(self) -> torch.Tensor:
-        return torch.from_numpy(self.counts)
 
     def planned(self, t: int) -> tuple[np.ndarray, np.ndarray]:
         """Which sequences take part in step t, and the number each must reveal at least."""
@@ -141,7 +138,7 @@ class AdaptiveSteps:
         return [np.sort(first[i, :s]) for i, s in enumerate(sizes)]
 
     def decide(self, logits: torch.Tensor, active: np.ndarray, cands: list[np.ndarray], k: np.ndarray,
-               cfg: SamplingConfig, gen: torch.Generator | None) -> tuple[np.ndarray, list[np.ndarray]]:
+               cfg: SamplingConfig, gen: torch.Generator | None) -> tuple[torch.Tensor, list[np.ndarray]]:
         """Score the candidates (their logits, flat in `cands` order), choose, draw the tokens and extend
         the chains. Returns the drawn tokens (flat, sequences in turn, best first) and, per active
         sequence, the indices (into its candidates) of the positions it revealed, best first."""
@@ -182,26 +179,43 @@ class AdaptiveSteps:
         return int(taken.sum())
 
 
-class AdaptiveDecoderSampler:
-    """One batch decoded by a decoder (sigma-GPT, AO-GPT) in an adaptive order, with the exact KV
-    cache (module docstring). Same interface as `aogpt.generation.decoder.DecoderSampler`, plus the
-    chain orders it chose (`chain`) and the positions revealed per step (`step_counts`)."""
+class AdaptiveSampler:
+    """The loop every adaptive sampler runs, step by step: who takes part, their candidates, one
+    forward that scores them (`_forward`), the choice and the draws (`AdaptiveSteps.decide`), and
+    writing the tokens back (`_commit`). Same interface as `aogpt.generation.decoder.DecoderSampler`,
+    plus the chain orders chosen (`chain`) and the positions revealed per step (`step_counts`)."""
 
-    def __init__(self, model: torch.nn.Module, chain: torch.Tensor, known: torch.Tensor, plan: np.ndarray,
-                 settings: GenerationSettings, generator: torch.Generator | None = None,
-                 teacher: torch.Tensor | None = None, record: bool = False):
-        B, n = chain.shape
-        dev = chain.device
-        m = known.numel()
-        self.model, self.B, self.n, self.dev = model, B, n, dev
-        self.dtype = next(model.parameters()).dtype
-        self.steps = AdaptiveSteps(chain, m, plan, settings, generator, teacher, record, model.config.vocab_size,
-                                   self.dtype)
-        self.ychain = torch.full((B, n + 2), -1, dtype=torch.long, device=dev)  # content of chain slot i
-        self.ychain[:, 1:m + 1] = known
-        self.use_cache = settings.use_cache
-        self.cache = model.setup_cache(B, n + 1, settings.attention)  # without reuse: every slot recomputed
-        self.L = np.zeros(B, dtype=np.int64)  # chain slots whose keys are cached
+    steps: AdaptiveSteps
+    dev: torch.device
+
+    def run(self, cfg: SamplingConfig, gen: torch.Generator | None,
+            progress: Callable[[int], None] | None) -> torch.Tensor:
+        """Decode every step; returns the tokens in the chosen chain order (B, n)."""
+        st = self.steps
+        for t in range(st.plan.shape[1]):
+            active, k = st.planned(t)
+            if len(active) == 0:
+                continue
+            cands = st.candidates(active, k)
+            logits = self._forward(active, cands)
+            new, picks = st.decide(logits, active, cands, k, cfg, gen)
+            self._commit(active, cands, picks, new)
+            revealed = st.advance(t, active, picks)
+            if progress is not None:
+                progress(revealed)
+        return self._tokens()
+
+    def _forward(self, active: np.ndarray, cands: list[np.ndarray]) -> torch.Tensor:
+        """The candidates' logits, flat in `cands` order, given the tokens decided so far."""
+        raise NotImplementedError
+
+    def _commit(self, active: np.ndarray, cands: list[np.ndarray], picks: list[np.ndarray],
+                new: torch.Tensor) -> None:
+        """Record the drawn tokens `new` (sequences in turn, best first) before the chains advance."""
+        raise NotImplementedError
+
+    def _tokens(self) -> torch.Tensor:
+        raise NotImplementedError
 
     @property
     def chain(self) -> torch.Tensor:
@@ -229,34 +243,42 @@ class AdaptiveDecoderSampler:
 
     @property
     def scored(self) -> int:
-        """Candidate query slots evaluated (part of `slots`)."""
+        """Candidate slots scored (query slots for a decoder; head rows for the encoder)."""
         return self.steps.scored
+
+
+class AdaptiveDecoderSampler(AdaptiveSampler):
+    """One batch decoded by a decoder (sigma-GPT, AO-GPT) in an adaptive order, with the exact KV
+    cache (module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, chain: torch.Tensor, known: torch.Tensor, plan: np.ndarray,
+                 settings: GenerationSettings, generator: torch.Generator | None = None,
+                 teacher: torch.Tensor | None = None, record: bool = False):
+        B, n = chain.shape
+        dev = chain.device
+        m = known.numel()
+        self.model, self.B, self.n, self.dev = model, B, n, dev
+        self.dtype = next(model.parameters()).dtype
+        self.steps = AdaptiveSteps(chain, m, plan, settings, generator, teacher, record, model.config.vocab_size,
+                                   self.dtype)
+        self.ychain = torch.full((B, n + 2), -1, dtype=torch.long, device=dev)  # content of chain slot i
+        self.ychain[:, 1:m + 1] = known
+        self.use_cache = settings.use_cache
+        self.cache = model.setup_cache(B, n + 1, settings.attention)  # without reuse: every slot recomputed
+        self.L = np.zeros(B, dtype=np.int64)  # chain slots whose keys are cached
+
+    def _tokens(self) -> torch.Tensor:
+        return self.ychain[:, 1:self.n + 1]
 
     def _t(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.dev)
-
-    def run(self, cfg: SamplingConfig, gen: torch.Generator | None,
-            progress: Callable[[int], None] | None) -> torch.Tensor:
-        st = self.steps
-        for t in range(st.plan.shape[1]):
-            active, k = st.planned(t)
-            if len(active) == 0:
-                continue
-            if not self.use_cache:
-                self.L[:] = 0
-            cands = st.candidates(active, k)
-            logits = self._forward(active, cands)
-            new, picks = st.decide(logits, active, cands, k, cfg, gen)
-            self._commit(active, cands, picks, new)
-            revealed = st.advance(t, active, picks)
-            if progress is not None:
-                progress(revealed)
-        return self.ychain[:, 1:self.n + 1]
 
     def _forward(self, active: np.ndarray, cands: list[np.ndarray]) -> torch.Tensor:
         """One packed forward: each active sequence's catch-up slots L .. g - 1, then one query slot per
         candidate at columns g, g + 1, ...; returns the candidates' logits (flat, in `cands` order)."""
         B, n, st = self.B, self.n, self.steps
+        if not self.use_cache:
+            self.L[:] = 0  # recompute every decided slot
         g, L = st.g, self.L
         sizes = np.zeros(B, dtype=np.int64)
         n_cand = np.array([len(c) for c in cands])
