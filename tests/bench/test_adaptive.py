@@ -95,3 +95,26 @@ def test_end_to_end_tiny_run_and_reuse(tmp_path, tiny_run, bytes_data):
         bench_adaptive(**{**kw, "orders": ["sideways"]})
     with pytest.raises(AOGPTError, match="holds a encoder-mdm model"):
         bench_adaptive(**{**kw, "checkpoints": {"aogpt": runs[1]}})
+
+
+def test_an_interrupted_training_is_not_reused(tmp_path, monkeypatch):
+    """A training stopped by a signal is reported and left unfinished (the next run trains afresh),
+    never reused as if it had run all its steps."""
+    from aogpt.bench.adaptive import TrainSpec, prepared_corpus, trained_run
+    from aogpt.train.trainer import Trainer
+
+    step = Trainer.train_step
+
+    def interrupted(self):
+        out = step(self)
+        self._stop_signal = "SIGINT"  # as if Ctrl-C arrived during the first step
+        return out
+
+    data = prepared_corpus("synthetic:sudoku4", tmp_path, 0, False, 200)
+    spec = TrainSpec("aogpt", "synthetic:sudoku4", 4, 1, 16, 2, 4, block=data.record_tokens)
+    monkeypatch.setattr(Trainer, "train_step", interrupted)
+    with pytest.raises(AOGPTError, match="stopped at step 1 of 4"):
+        trained_run(spec, data, tmp_path, "cpu", False)
+    assert not (tmp_path / "runs" / spec.name / "finished.json").exists()
+    monkeypatch.setattr(Trainer, "train_step", step)
+    assert (trained_run(spec, data, tmp_path, "cpu", False) / "finished.json").is_file()

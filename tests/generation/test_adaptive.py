@@ -207,3 +207,24 @@ def test_adaptive_requests_refused_where_they_make_no_sense():
         generate(model, length=N, order="margin", candidates=0)
     with pytest.raises(AOGPTError, match="chosen by the model while generating"):
         make_order_sampler("entropy")
+
+
+@pytest.mark.parametrize("variant", ["aogpt", "encoder-mdm"])
+def test_a_candidate_budget_keeps_the_tokens_exact_and_picks_the_best_of_c(variant):
+    """With C random candidates per step the order is the model's pick among some C remaining
+    positions: each revealed position outranks at least C - 1 others by the recomputed scores, and
+    its greedy token is the argmax of the recomputed conditional given the chain before it."""
+    model = tiny_model(variant, block=N, seed=13)
+    C = 3
+    res = generate(model, length=N, num_samples=4, order="margin", candidates=C, greedy=True, prompt=[5], seed=6)
+    for b in range(4):
+        chain, x = res.orders[b], res.tokens[b]
+        assert sorted(chain.tolist()) == list(range(N))
+        for i in range(1, N):
+            left = chain[i:].sort().values
+            lp = conditional_logprobs(model, x, chain[:i], left)
+            score, _ = numpy_scores(lp.numpy(), "margin")
+            me = int((left == chain[i]).nonzero())
+            beaten = sum(score[j] < score[me] or (score[j] == score[me] and j > me) for j in range(len(left)))
+            assert beaten >= min(C, len(left)) - 1
+            assert int(x[chain[i]]) == int(lp[me].argmax())

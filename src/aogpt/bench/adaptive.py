@@ -106,6 +106,9 @@ def trained_run(spec: TrainSpec, data: Any, work: Path, device: str, show_progre
     trainer = Trainer(mcfg, tcfg, data, run, run_meta={"tokenizer": "bytes", "data": str(data.directory)},
                       tokenizer=data.tokenizer, show_progress=show_progress)
     summary = trainer.fit()
+    if summary["step"] < spec.steps:  # stopped by a signal: keep it unfinished so the next run trains afresh
+        raise AOGPTError(f"training {spec.variant} on {spec.corpus} stopped at step {summary['step']} of {spec.steps} "
+                         f"({summary['stopped_by']})", "run the benchmark again to train it from the start")
     write_json(done, {"spec": asdict(spec), "model": to_dict(mcfg), "train": to_dict(tcfg),
                       **{k: v for k, v in summary.items() if k.startswith("val/") or k in ("step", "train_seconds")}})
     return run
