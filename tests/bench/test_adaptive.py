@@ -50,6 +50,9 @@ def test_targets_are_ratios_to_random_order():
     none = targets([{"model": "aogpt", "order": "random", "rate": 0.0}, {"model": "aogpt", "order": "margin",
                                                                          "rate": 0.0}])
     assert none[0]["value"] is None and none[0]["met"] is None
+    lucky = targets([{"model": "aogpt", "order": "random", "rate": 0.0}, {"model": "aogpt", "order": "margin",
+                                                                          "rate": 0.002}])
+    assert lucky[0]["value"] is None and lucky[0]["met"] is None and "random order solved none" in lucky[0]["line"]
 
 
 def test_spread_is_the_exact_nll_of_every_order(bytes_data):
