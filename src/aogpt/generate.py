@@ -30,6 +30,7 @@ from aogpt.generation.plan import base_orders, chain_orders, resolve_order, step
 from aogpt.generation.settings import DecodePlan, GenerationSettings, settings_from
 from aogpt.inference import for_inference
 from aogpt.memory import check_fits, generation_bytes
+from aogpt.orders import is_adaptive
 from aogpt.schedules import count_schedule
 
 __all__ = ["Conditioning", "DecodePlan", "GenerationResult", "GenerationSettings", "generate", "infill",
@@ -79,6 +80,50 @@ def _check_model(model: Any) -> torch.nn.Module:
     return core
 
 
+@dataclass
+class _Request:
+    """Everything `generate` resolved and checked before any work: the model and its family, the
+    settings, what is known, the plan's shape (steps, policy, order) and the random streams."""
+
+    model: torch.nn.Module
+    family: Any
+    settings: GenerationSettings
+    sampling: Any  # aogpt.sampling.SamplingConfig with the tokenizer's vocabulary limit
+    num_samples: int
+    batch_size: int
+    length: int
+    known_mask: torch.Tensor  # (n,) bool
+    known_chain: torch.Tensor  # known tokens in ascending position order, on the model's device
+    steps: int
+    policy: str
+    order_arg: Any  # the order as asked (None: random), for the report and the adaptive samplers
+    order: Any  # resolved fixed order (`resolve_order`); for an adaptive order "l2r" (known positions first)
+    adaptive: bool
+    speculative: int | str | None  # draft length K or "auto" (`aogpt.generation.speculative`); None: off
+    seed: int
+    generators: Generators
+    teacher_tokens: torch.Tensor | None
+    record_logits: bool
+
+    @property
+    def masked(self) -> int:
+        return self.length - int(self.known_mask.sum())
+
+
+@dataclass
+class _Batch:
+    """What one batch's sampler returned: tokens by position, its chain orders and step counts."""
+
+    tokens: torch.Tensor
+    orders: torch.Tensor
+    step_counts: torch.Tensor
+    logits: torch.Tensor | None
+    forwards: int
+    slots: int
+    padded: int
+    drafts: tuple[list[int], list[int]] | None = None  # speculative: (verified, accepted) by draft position
+
+
 def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = None, num_samples: int = 1,
              length: int | None = None, prompt: Any = None, seed: int | None = None, tokenizer: Any = None,
              return_text: bool | None = None, teacher_tokens: torch.Tensor | None = None,
@@ -89,7 +134,10 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
     settings: a `GenerationSettings`; keyword shortcuts override its fields (None: keep): steps (T
     in 1..length, default one per position to generate), policy ("bernoulli": Lemma 4.1, the default
     where several tokens per step are possible; "count": deterministic), schedule ("linear" or
-    "cosine"), order (an `aogpt.orders` spec, default "random", or permutations (n,) / (N, n)),
+    "cosine"), order (an `aogpt.orders` spec, default "random", or permutations (n,) / (N, n), or
+    "confidence" / "margin" / "entropy": chosen by the model while decoding, with candidates and
+    threshold, `aogpt.generation.adaptive`), speculative (K or "auto": exact self-speculative
+    decoding, `aogpt.generation.speculative`; replaces steps and policy),
     temperature, top_p, top_k, greedy, dtype (precision of the draw, default float64),
     batch_size (default 32), use_cache, prepack (CPU: decode weights packed once, `aogpt.inference`),
     attention ("sdpa" or "flex"), compile (torch.compile the decode step), skip_noop (an encoder
@@ -97,6 +145,24 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
     prompt: a prefix (text, needs `tokenizer`, or ids). teacher_tokens (N, n): feed these back instead
     of sampling (tests); record_logits keeps every query's logits. See docs/generation.md.
     """
+    want_text = tokenizer is not None if return_text is None else return_text
+    if want_text and tokenizer is None:
+        raise AOGPTError("return_text needs a tokenizer", "pass tokenizer=... or use aogpt.load(...).generate")
+    req = _resolve(model, settings, overrides, num_samples=num_samples, length=length, prompt=prompt,
+                   condition=condition, tokenizer=tokenizer, seed=seed, teacher_tokens=teacher_tokens,
+                   record_logits=record_logits)
+    batches, seconds = _run(req, progress)
+    result = _assemble(req, batches, seconds)
+    if want_text:
+        result.texts = [tokenizer.decode(row) for row in result.tokens]
+    return result
+
+
+def _resolve(model: torch.nn.Module, settings: GenerationSettings | None, overrides: dict[str, Any], *,
+             num_samples: int, length: int | None, prompt: Any, condition: Conditioning | None, tokenizer: Any,
+             seed: int | None, teacher_tokens: Any, record_logits: bool) -> _Request:
+    """Check every argument against the model's family and resolve the defaults (known positions,
+    steps, policy, order, seed), so that a mistake is reported before any forward runs."""
     model = _check_model(model)
     fam = family_of(model)
     settings = settings_from(settings, **{k: v for k, v in overrides.items() if v is not None}).validate()
@@ -104,114 +170,142 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
         condition = prompt_condition(prompt, length, tokenizer, model.config)
     elif prompt is not None:
         raise AOGPTError("pass either a prompt or an infilling template, not both", "drop one")
-    n, m = condition.length, condition.positions.numel()
-    masked = n - m
+    n = condition.length
+    masked = n - condition.positions.numel()
     plan_cfg = settings.plan
-    speculative = plan_cfg.speculative
-    policy = plan_cfg.policy or fam.default_policy
+    adaptive = is_adaptive(plan_cfg.order)  # chosen while decoding: aogpt.generation.adaptive
+    policy = plan_cfg.policy or ("count" if adaptive else fam.default_policy)
     steps = masked if plan_cfg.steps is None else int(plan_cfg.steps)
     if not 1 <= steps <= n:
         raise AOGPTError(f"steps must lie in 1..{n} (the output length), got {steps}",
                          f"use e.g. --steps {masked}")
     if num_samples < 1:
         raise AOGPTError(f"num_samples must be >= 1, got {num_samples}", "ask for at least one sample")
+    speculative = plan_cfg.speculative
     if speculative is not None and (teacher_tokens is not None or record_logits):
         raise AOGPTError("speculative decoding draws and verifies its own tokens", "drop teacher_tokens/record_logits")
     batch_size = min(num_samples, settings.batch_size)
     order_arg = plan_cfg.order if plan_cfg.order is not None else (None if fam.any_order else "l2r")
-    order = resolve_order(order_arg, num_samples, n)
+    order = resolve_order("l2r" if adaptive else order_arg, num_samples, n)  # adaptive: known positions first
     vocab_limit = getattr(tokenizer, "vocab_size", None)
     if vocab_limit is not None and vocab_limit > model.config.vocab_size:
         raise AOGPTError(f"tokenizer has {vocab_limit} ids but the model only {model.config.vocab_size}",
                          "use the tokenizer the model was trained with")
-    cfg = dataclasses.replace(settings.sampling, vocab_limit=vocab_limit).validate()
+    sampling = dataclasses.replace(settings.sampling, vocab_limit=vocab_limit).validate()
     if speculative is None:
         fam.check_generation(policy=policy, counts=lambda: count_schedule(masked, steps, plan_cfg.schedule),
-                             order=order, known_positions=condition.positions)
+                             order=order_arg if adaptive else order, known_positions=condition.positions)
     if seed is None:
         seed = int.from_bytes(os.urandom(8), "little") >> 2
     device = next(model.parameters()).device
     check_fits(generation_bytes(model.config, batch_size, n, steps, num_samples, use_cache=settings.use_cache,
                                 kv_cache=fam.kv_cache, record_logits=record_logits), device, "generation",
                "the batch size (--batch-size), the number of samples (-n) or the length (--length)")
-    gens = make_generators(int(seed), device)
     if teacher_tokens is not None:
         teacher_tokens = torch.as_tensor(teacher_tokens, dtype=torch.long).to(device)
         if teacher_tokens.shape != (num_samples, n):
             raise AOGPTError(f"teacher_tokens must have shape ({num_samples}, {n})", "fix its shape")
-
     known_mask = torch.zeros(n, dtype=torch.bool)
     known_mask[condition.positions] = True
     known_chain = condition.tokens[condition.positions.argsort()].to(device)
-    runner = for_inference(model, rows_hint=batch_size) if settings.prepack else model
-    tokens, orders, plans, logits = [], [], [], []
-    stats = {"forwards": 0, "slot_evaluations": 0, "padded_slots": 0}
+    return _Request(model, fam, settings, sampling, num_samples, batch_size, n,
+                    known_mask, known_chain, steps, policy, order_arg, order, adaptive, speculative, int(seed),
+                    make_generators(int(seed), device), teacher_tokens, record_logits)
+
+
+def _run(req: _Request, progress: Callable[[int], None] | None) -> tuple[list[_Batch], float]:
+    """Decode every batch in inference mode (the model's training flag restored after); the batches
+    and the seconds taken."""
+    model = req.model
+    runner = for_inference(model, rows_hint=req.batch_size) if req.settings.prepack else model
+    device = next(model.parameters()).device
+    batches = []
     was_training = model.training
     model.eval()
     t0 = time.perf_counter()
     try:
         with torch.inference_mode():
-            for start in range(0, num_samples, batch_size):
-                B = min(batch_size, num_samples - start)
-                chain = chain_orders(base_orders(order, start, B, n, gens.plan), known_mask)
-                chain_d = chain.to(device)
-                if speculative is not None:
-                    sampler = fam.speculative_sampler(runner, chain_d, known_chain, settings, speculative)
-                else:
-                    plan = step_counts(policy, plan_cfg.schedule, steps, masked, B, gens.plan)
-                    teacher = None if teacher_tokens is None else teacher_tokens[start:start + B].gather(1, chain_d)
-                    sampler = fam.sampler(runner, chain_d, known_chain, plan, settings, teacher=teacher,
-                                          record=record_logits)
-                y = sampler.run(cfg, gens.tokens, progress)
-                tokens.append(torch.empty_like(y).scatter_(1, chain_d, y).cpu())
-                orders.append(chain)
-                plans.append(torch.from_numpy(plan) if speculative is None
-                             else torch.from_numpy(np.stack(sampler.revealed, axis=1)))
-                if speculative is not None:
-                    _add_speculation(stats, sampler)
-                    stats["sequence_forwards"] = stats.get("sequence_forwards", 0) + B * sampler.forwards
-                if sampler.logits is not None:
-                    logits.append(sampler.logits.cpu())
-                stats["forwards"] += sampler.forwards
-                stats["slot_evaluations"] += sampler.slots
-                stats["padded_slots"] += sampler.padded
+            for start in range(0, req.num_samples, req.batch_size):
+                batches.append(_run_batch(req, runner, start, min(req.batch_size, req.num_samples - start),
+                                          progress))
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
     finally:
         model.train(was_training)
-    seconds = time.perf_counter() - t0
-    out_tokens = torch.cat(tokens)
-    want_text = tokenizer is not None if return_text is None else return_text
-    if want_text and tokenizer is None:
-        raise AOGPTError("return_text needs a tokenizer", "pass tokenizer=... or use aogpt.load(...).generate")
-    texts = [tokenizer.decode(row) for row in out_tokens] if want_text else None
-    speculation = {}
-    if speculative is not None:
-        verified, accepted = stats.pop("verified_by_position", {}), stats.pop("accepted_by_position", {})
-        # per sequence: the tokens a forward pass reveals for it (a batch's forward serves all its sequences)
-        speculation = {"tokens_per_forward": num_samples * masked / max(stats.pop("sequence_forwards"), 1),
-                       "acceptance_by_position": {j: accepted[j] / verified[j] for j in sorted(verified, key=int)}}
-    timing = {"seconds": seconds, "tokens_per_second": num_samples * masked / max(seconds, 1e-9), **stats,
-              **speculation}
-    report = {"num_samples": num_samples, "length": n, "known_tokens": m,
-              "steps": stats["forwards"] if speculative is not None else steps,
-              "policy": "speculative" if speculative is not None else policy, "speculative": speculative,
-              "schedule": plan_cfg.schedule, "order": _order_label(order_arg),
-              "seed": int(seed), "use_cache": settings.use_cache and fam.kv_cache, "batch_size": batch_size,
-              "variant": model.config.variant, **cfg.to_dict()}
-    width = max(p.shape[1] for p in plans)  # speculative batches may take different numbers of forwards
-    plans = [torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in plans]
-    return GenerationResult(out_tokens, torch.cat(orders), torch.cat(plans), known_mask, texts, timing, report,
+    return batches, time.perf_counter() - t0
+
+
+def _run_batch(req: _Request, runner: torch.nn.Module, start: int, B: int,
+               progress: Callable[[int], None] | None) -> _Batch:
+    """Plan batch [start, start + B) (chain orders and step counts, drawn from the plan stream) and
+    run the family's sampler on it. An adaptive sampler chooses the chain while decoding and reports
+    the orders and step counts it used; a fixed order's chain is the plan's; a speculative sampler
+    reports how many positions each of its forwards committed."""
+    fam, n = req.family, req.length
+    chain = chain_orders(base_orders(req.order, start, B, n, req.generators.plan), req.known_mask)
+    if req.speculative is not None:
+        chain_d = chain.to(req.known_chain.device)
+        sampler = fam.speculative_sampler(runner, chain_d, req.known_chain, req.settings, req.speculative)
+        y = sampler.run(req.sampling, req.generators.tokens, progress)
+        return _Batch(torch.empty_like(y).scatter_(1, chain_d, y).cpu(), chain,
+                      torch.from_numpy(np.stack(sampler.revealed, axis=1)), None, sampler.forwards, sampler.slots,
+                      sampler.padded, (list(sampler.proposed), list(sampler.accepted)))
+    plan = step_counts(req.policy, req.settings.plan.schedule, req.steps, req.masked, B, req.generators.plan)
+    chain_d = chain.to(req.known_chain.device)
+    teacher = None if req.teacher_tokens is None else req.teacher_tokens[start:start + B]
+    if req.adaptive:  # teacher tokens by position
+        sampler = fam.adaptive_sampler(runner, chain_d, req.known_chain, plan, req.settings,
+                                       generator=req.generators.plan, teacher=teacher, record=req.record_logits)
+    else:  # teacher tokens in chain order
+        sampler = fam.sampler(runner, chain_d, req.known_chain, plan, req.settings,
+                              teacher=None if teacher is None else teacher.gather(1, chain_d),
+                              record=req.record_logits)
+    y = sampler.run(req.sampling, req.generators.tokens, progress)
+    if req.adaptive:
+        chain_d, plan = sampler.chain, sampler.step_counts
+    return _Batch(torch.empty_like(y).scatter_(1, chain_d, y).cpu(), chain_d.cpu(), torch.from_numpy(plan),
+                  None if sampler.logits is None else sampler.logits.cpu(), sampler.forwards, sampler.slots,
+                  sampler.padded)
+
+
+def _assemble(req: _Request, batches: list[_Batch], seconds: float) -> GenerationResult:
+    """The batches joined into one `GenerationResult`, with timing and the settings actually used."""
+    stats = {"forwards": sum(b.forwards for b in batches), "slot_evaluations": sum(b.slots for b in batches),
+             "padded_slots": sum(b.padded for b in batches)}
+    timing = {"seconds": seconds, "tokens_per_second": req.num_samples * req.masked / max(seconds, 1e-9), **stats}
+    if req.speculative is not None:
+        timing.update(_speculation(req, batches))
+    plan_cfg = req.settings.plan
+    spec = req.speculative is not None
+    report = {"num_samples": req.num_samples, "length": req.length, "known_tokens": int(req.known_mask.sum()),
+              "steps": stats["forwards"] if spec else req.steps, "policy": "speculative" if spec else req.policy,
+              "speculative": req.speculative, "schedule": plan_cfg.schedule, "order": _order_label(req.order_arg),
+              **({"candidates": plan_cfg.candidates, "threshold": plan_cfg.threshold} if req.adaptive else {}),
+              "seed": req.seed, "use_cache": req.settings.use_cache and req.family.kv_cache,
+              "batch_size": req.batch_size, "variant": req.model.config.variant, **req.sampling.to_dict()}
+    logits = [b.logits for b in batches if b.logits is not None]
+    width = max(b.step_counts.shape[1] for b in batches)  # speculative batches may take different forwards
+    counts = [torch.nn.functional.pad(b.step_counts, (0, width - b.step_counts.shape[1])) for b in batches]
+    return GenerationResult(torch.cat([b.tokens for b in batches]), torch.cat([b.orders for b in batches]),
+                            torch.cat(counts), req.known_mask, None, timing, report,
                             torch.cat(logits) if logits else None)
 
 
-def _add_speculation(stats: dict[str, Any], sampler: Any) -> None:
-    """Sum a speculative batch's verified and accepted drafts by draft position into `stats`."""
-    for key, counts in (("verified_by_position", sampler.proposed), ("accepted_by_position", sampler.accepted)):
-        into = stats.setdefault(key, {})
-        for j in range(1, len(counts)):
-            if sampler.proposed[j]:
-                into[str(j)] = into.get(str(j), 0) + int(counts[j])
+def _speculation(req: _Request, batches: list[_Batch]) -> dict[str, Any]:
+    """Tokens per forward pass per sequence (a batch's forward serves all its sequences) and the
+    acceptance rate of each draft position, over all batches."""
+    verified: dict[str, int] = {}
+    accepted: dict[str, int] = {}
+    sequence_forwards = 0
+    for b in batches:
+        sequence_forwards += b.tokens.shape[0] * b.forwards
+        proposed, took = b.drafts
+        for j in range(1, len(proposed)):
+            if proposed[j]:
+                verified[str(j)] = verified.get(str(j), 0) + int(proposed[j])
+                accepted[str(j)] = accepted.get(str(j), 0) + int(took[j])
+    return {"tokens_per_forward": req.num_samples * req.masked / max(sequence_forwards, 1),
+            "acceptance_by_position": {j: accepted[j] / verified[j] for j in sorted(verified, key=int)}}
 
 
 def _order_label(order: Any) -> str:

@@ -17,6 +17,11 @@ and `aogpt sample --order`):
   one fixed non-identity permutation (K = 4 without SEED uses the paper's 0->2->3->1). A last,
   shorter block uses the same permutation restricted to its positions.
 
+Generation also accepts the *adaptive* orders ``confidence``, ``margin`` and ``entropy`` (`ADAPTIVE`,
+`is_adaptive`): the model chooses the next positions while decoding, from its own distribution
+(`aogpt.generation.adaptive`), so they are no permutation that could be drawn up front, and
+training and evaluation refuse them.
+
 Besides specs, generation and evaluation accept explicit orders: a permutation (n,) for every
 sequence or one per sequence (N, n), checked by `check_permutation`. Whether something is left to
 right is answered by `is_left_to_right`, for specs, samplers and tensors alike.
@@ -35,6 +40,12 @@ _PROBABILITY = Range(ge=0, le=1)
 
 ORDER_SPECS = ("l2r", "uniform", "mixture[:P]", "fixed-random[:SEED]", "blockwise[:K[:SEED]]")
 ALIASES = {"random": "uniform"}  # generation's and evaluation's historical name for uniform orders
+ADAPTIVE = ("confidence", "margin", "entropy")  # chosen by the model while generating
+
+
+def is_adaptive(order: object) -> bool:
+    """Whether `order` names an adaptive order (generation only; module docstring)."""
+    return isinstance(order, str) and order in ADAPTIVE
 
 
 class OrderSampler:
@@ -152,6 +163,9 @@ def make_order_sampler(spec: str) -> OrderSampler:
     """Parse an order spec (see the module docstring) into a sampler."""
     if isinstance(spec, OrderSampler):
         return spec
+    if is_adaptive(spec):
+        raise AOGPTError(f"order {spec} is chosen by the model while generating, not drawn in advance",
+                         "use it to sample (aogpt sample --order " + spec + "); here use e.g. uniform or l2r")
     spec = ALIASES.get(spec, spec)
     name, _, rest = spec.partition(":")
     args = rest.split(":") if rest else []

@@ -42,6 +42,8 @@ BASES = {  # an invocation that is valid on its own; the random options are adde
     "bench prepare": ["bench", "prepare", "--quick", "--corpus", "{corpus}", "--out", "{t}/b", "--no-progress"],
     "bench speculative": ["bench", "speculative", "--checkpoint", "aogpt={run}", "--n", "8", "--batch", "1",
                           "--k", "2", "--out", "{t}/b", "--no-progress"],
+    "bench adaptive": ["bench", "adaptive", "--quick", "--no-text", "--out", "{t}/b", "--work", "{t}/w",
+                       "--no-progress"],
     "harness": ["harness", "--checkpoint", "{run}", "--tasks", "aogpt_last_word", "--include-path", "{harness}"],
     "import": ["import", str(FIXTURE), "--out", "{t}/imported"],
     "export": ["export", "{run}", "--out", "{t}/x.pt"],
@@ -68,6 +70,7 @@ STAND_INS = [  # where each command's work begins, after every check
     "aogpt.train.Trainer",  # bench train
     "aogpt.bench.prepare.synthetic_corpus",
     "aogpt.bench.speculative.bench_speculative",
+    "aogpt.bench.adaptive.bench_adaptive",
     "aogpt.hf.harness.AOGPTLM",
 ]
 

@@ -62,6 +62,22 @@ def test_prompt_infill_and_known_tokens_are_kept(cli, runs):
     assert res.json["tokens"][0][0] == 65 and res.json["tokens"][0][7] == 66
 
 
+def test_adaptive_orders_match_the_python_api(cli, runs):
+    res = cli("sample", "--checkpoint", runs["aogpt"], "--infill", "To be, or [MASK:6] to be", "-n", "3",
+              "--order", "margin", "--candidates", "4", "--threshold", "0.5", "--seed", "2", "--json")
+    assert res.code == 0, res.err
+    s = res.json["settings"]
+    assert (s["order"], s["candidates"], s["threshold"], s["policy"]) == ("margin", 4, 0.5, "count")
+    assert "order margin (4 candidates per step) (threshold 0.5)" in res.err
+    want = aogpt.load(runs["aogpt"]).infill("To be, or [MASK:6] to be", num_samples=3, order="margin",
+                                            candidates=4, threshold=0.5, seed=2)
+    assert res.json["tokens"] == want.tokens.tolist()
+    assert all(bytes(row[:10]) == b"To be, or " for row in res.json["tokens"])
+    res = cli("sample", "--checkpoint", runs["aogpt"], "--length", "12", "--order", "confidence", "--greedy",
+              "--json")
+    assert res.code == 0 and res.json["timing"]["slot_evaluations"] == 12 * 13 // 2
+
+
 def test_gpt_samples_left_to_right_with_the_same_machinery(cli, runs):
     res = cli("sample", "--checkpoint", runs["gpt"], "--prompt", "ab", "--length", "12", "--json", "--seed", "9")
     assert res.code == 0, res.err
@@ -84,6 +100,9 @@ def test_gpt_samples_left_to_right_with_the_same_machinery(cli, runs):
     (("--known", "0=1"), "--length"),
     (("--known", "zero=1", "--length", "4"), "known"),
     (("--device", "tpu"), "device"),
+    (("--candidates", "4"), "adaptive order"),
+    (("--order", "margin", "--threshold", "0"), "threshold"),
+    (("--order", "entropy", "--candidates", "0"), "candidates"),
 ])
 def test_bad_input_is_one_line_exit_2(cli, runs, args, match):
     res = cli("sample", "--checkpoint", runs["aogpt"], *args)
@@ -98,6 +117,7 @@ def test_bad_input_is_one_line_exit_2(cli, runs, args, match):
     (("--steps", "4", "--length", "12"), "several tokens per step"),
     (("--order", "random"), "left to right"),
     (("--policy", "bernoulli"), "policy count"),
+    (("--order", "confidence"), "cannot choose its own unmasking order"),
 ])
 def test_gpt_refuses_what_it_cannot_do(cli, runs, args, match):
     res = cli("sample", "--checkpoint", runs["gpt"], *args)

@@ -19,6 +19,9 @@ corpora:  shakespeare (default; 38 plays, Hamlet/The Tempest/Julius Caesar held 
           see --text-field) or a directory of them (recursive, sorted); UTF-8 only
           hf:NAME[:CONFIG], openwebtext, wikitext-103-raw-v1, wikitext-2-raw-v1 (streamed; need
           `datasets` and network access); openwebtext holds out its last 100,000 documents
+          synthetic:walk, synthetic:sudoku4, synthetic:sudoku6 (solutions of puzzles generated from
+          --seed, one document each: 20,000 for training, 1,000 (--val-docs) for validation;
+          tokenizer bytes)
 tokenizers: bpe:N (byte-level BPE with N ids trained on the train split), gpt2, bytes
 """
 
@@ -36,7 +39,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--corpus", default="shakespeare", metavar="NAME|PATH", help="what to tokenize (default shakespeare)"
     )
-    p.add_argument("--tokenizer", default=None, metavar="SPEC", help="gpt2, bytes or bpe:N (default bpe:4096)")
+    p.add_argument("--tokenizer", default=None, metavar="SPEC",
+                   help="gpt2, bytes or bpe:N (default bpe:4096; bytes for synthetic corpora)")
     p.add_argument("--out", type=path_arg, default=None, metavar="DIR",
                    help="output directory (default data/<corpus>-<tokenizer>)")
     p.add_argument(
@@ -93,9 +97,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from aogpt.data import DEFAULT_SHARD_TOKENS, default_out_dir, prepare
+    from aogpt.data.synthetic import PREFIX as SYNTHETIC
     from aogpt.data.tokenizer import DEFAULT_TOKENIZER, normalize_spec
 
-    spec = normalize_spec(args.tokenizer or DEFAULT_TOKENIZER)
+    default = "bytes" if args.corpus.startswith(SYNTHETIC) else DEFAULT_TOKENIZER  # one token per cell
+    spec = normalize_spec(args.tokenizer or default)
     out = args.out or default_out_dir(args.corpus, spec)
     meta = prepare(
         args.corpus,

@@ -14,7 +14,7 @@ from aogpt.config import ModelConfig
 from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
 from aogpt.generation.settings import MAX_DRAFT, DecodePlan, GenerationSettings, SamplingConfig
-from aogpt.orders import make_order_sampler
+from aogpt.orders import is_adaptive, make_order_sampler
 
 MAX_SAMPLES = 100_000  # more would run for days on a CPU; run again with another --seed for more
 HELP = "sample text from a checkpoint: unconditional, continuing a prompt, or filling [MASK:k] blanks"
@@ -47,7 +47,13 @@ def add_parser(subparsers: Any) -> None:
                    "replaces --steps/--policy")
     p.add_argument("--order", default=None,
                    help="unmasking order: random (default; = uniform), l2r, another order spec (blockwise:4, "
-                   "fixed-random:SEED, mixture:P, ...) or a comma-separated permutation of positions")
+                   "fixed-random:SEED, mixture:P, ...), a comma-separated permutation of positions, or chosen by "
+                   "the model while decoding: confidence, margin, entropy (most sure positions first)")
+    p.add_argument("--candidates", type=config_arg(DecodePlan, "candidates"), default=None, metavar="C",
+                   help="adaptive orders: score a random subset of C remaining positions per step (default: all)")
+    p.add_argument("--threshold", type=config_arg(DecodePlan, "threshold"), default=None, metavar="P",
+                   help="adaptive orders: also reveal every position whose top probability is at least P "
+                   "(at least one per step)")
     p.add_argument("--temperature", type=config_arg(SamplingConfig, "temperature"), default=1.0,
                    help="softmax temperature, > 0 (default 1.0)")
     p.add_argument("--top-p", type=config_arg(SamplingConfig, "top_p"), default=1.0,
@@ -96,6 +102,8 @@ def _order(spec: str | None) -> Any:
         return None
     if spec.replace(",", "").replace(" ", "").isdigit():
         return torch.tensor(_int_list(spec, "order", "list positions as 0,2,1,..."))
+    if is_adaptive(spec):
+        return spec
     make_order_sampler(spec)
     return spec
 
@@ -116,9 +124,14 @@ def _describe(s: dict[str, Any], weights: str) -> str:
     parts = [f"{s['variant']}", f"{s['num_samples']} sample(s) x {s['length']} tokens"]
     if s["known_tokens"]:
         parts.append(f"{s['known_tokens']} given")
+    order = f"order {s['order']}"
+    if s.get("candidates") is not None:
+        order += f" ({s['candidates']} candidates per step)"
+    if s.get("threshold") is not None:
+        order += f" (threshold {s['threshold']:g})"
     how = (f"speculative decoding (draft {s['speculative']}), {s['steps']} forward passes" if s.get("speculative")
            else f"{s['steps']} steps ({s['policy']}, {s['schedule']})")
-    parts += [how, f"order {s['order']}",
+    parts += [how, order,
               "greedy" if s["greedy"] else f"temperature {s['temperature']:g}, top-p {s['top_p']:g}, "
               f"top-k {s['top_k']}", f"seed {s['seed']}", f"{weights} weights",
               "KV cache" if s["use_cache"] else "no cache"]
@@ -146,7 +159,7 @@ def settings_from_args(args: argparse.Namespace) -> GenerationSettings:
     sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, greedy=args.greedy,
                               dtype=torch.float32 if args.float32_sampling else torch.float64)
     plan = DecodePlan(steps=args.steps, policy=args.policy, schedule=args.schedule, order=_order(args.order),
-                      speculative=args.speculative)
+                      speculative=args.speculative, candidates=args.candidates, threshold=args.threshold)
     return GenerationSettings(sampling, plan, batch_size=args.batch_size, use_cache=not args.no_cache).validate()
 
 

@@ -4,6 +4,7 @@ Modules, in dependency order (each imports only modules above it; tests/test_str
 
 * `documents`: `Corpus`, a re-iterable stream of ``(split, text)`` documents, and the validation-split primitives.
 * `hf_corpora`: Hugging Face datasets as streamed corpora (``hf:NAME[:CONFIG]``, ``openwebtext``, wikitext).
+* `synthetic`: generated tasks where the unmasking order matters (Sudoku), with puzzles and a checker.
 * `corpora`: `load_corpus` (bundled shakespeare / wiki-excerpt, local .txt/.jsonl files, or hf_corpora), splits.
 * `tokenizer`: the gpt2, bytes and bpe:N tokenizers (`load_tokenizer`, `train_bpe`).
 * `shards`: tokenizing documents in worker processes into sharded token files, resumably.

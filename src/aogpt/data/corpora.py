@@ -24,6 +24,9 @@ Sources (`load_corpus` picks one from its first argument):
   are read into memory.
 * Hugging Face datasets (``hf:NAME[:CONFIG]``, or the aliases ``openwebtext``,
   ``wikitext-103-raw-v1``, ``wikitext-2-raw-v1``), streamed: see `aogpt.data.hf_corpora`.
+* synthetic tasks (``synthetic:NAME``, e.g. ``synthetic:sudoku4``): solutions generated from the
+  seed by `aogpt.data.synthetic`, 20,000 for training and 1,000 for validation (``val_docs``
+  sets the latter, ``max_docs`` caps both); every document has the same length.
 
 Validation split where the corpus defines none (`split_documents`): ``val_fraction`` of the
 documents (at least one, at most all but one), chosen by ranking document indices by a keyed
@@ -52,7 +55,7 @@ from collections.abc import Callable, Iterator
 from itertools import islice
 from pathlib import Path
 
-from aogpt.data import hf_corpora
+from aogpt.data import hf_corpora, synthetic
 from aogpt.data.documents import DEFAULT_VAL_FRACTION, Corpus, check_val_docs, check_val_fraction, unit_hash
 from aogpt.errors import AOGPTError
 
@@ -60,7 +63,8 @@ NAMED = ("shakespeare", "wiki-excerpt")
 SHAKESPEARE_VAL = ("hamlet", "julius-caesar", "the-tempest")
 WIKI_FILE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 TXT_DOCS = ("file", "blank-lines")
-_CORPUS_HELP = "use shakespeare, wiki-excerpt, a .txt/.jsonl file or a directory, or hf:NAME[:CONFIG]"
+_CORPUS_HELP = ("use shakespeare, wiki-excerpt, a .txt/.jsonl file or a directory, hf:NAME[:CONFIG] or "
+                f"synthetic:NAME ({', '.join(synthetic.TASKS)})")
 
 
 def _in_memory(name: str, pairs: list[tuple[str, str]], rule: str, sources: dict[str, str]) -> Corpus:
@@ -282,6 +286,26 @@ def _wiki_excerpt(val_fraction: float | None, val_docs: int | None, seed: int, m
     return _in_memory("wiki-excerpt", *_doc_split(docs, val_fraction, val_docs, seed), sources)
 
 
+# --- synthetic tasks -------------------------------------------------------------------------------
+
+
+def _synthetic(t: synthetic.Task, val_fraction: float | None, val_docs: int | None, seed: int,
+               max_docs: int | None) -> Corpus:
+    if val_fraction is not None:
+        raise AOGPTError("--val-fraction does not apply to a synthetic corpus (it has its own validation split)",
+                         "drop it, or set the number of validation solutions with --val-docs N")
+    counts = {"train": synthetic.DEFAULT_TRAIN, "val": synthetic.DEFAULT_VAL if val_docs is None else val_docs}
+    if max_docs is not None:
+        counts = {split: min(n, max_docs) for split, n in counts.items()}
+
+    def docs() -> Iterator[tuple[str, str]]:
+        for split in ("train", "val"):
+            yield from ((split, text) for text in synthetic.solutions(t, counts[split], seed, split))
+
+    rule = f"generated: {counts['train']} training and {counts['val']} validation solutions from seed {seed}"
+    return Corpus(f"synthetic:{t.name}", docs, {}, rule, sum(counts.values()) * t.length, fixed_length=True)
+
+
 # --- local files ------------------------------------------------------------------------------------
 
 
@@ -397,6 +421,9 @@ def load_corpus(
         return _shakespeare(val_fraction, val_docs, max_docs)
     if corpus == "wiki-excerpt":
         return _wiki_excerpt(val_fraction, val_docs, seed, max_docs)
+    task = synthetic.parse_corpus_name(corpus)
+    if task is not None:
+        return _synthetic(task, val_fraction, val_docs, seed, max_docs)
     hf = hf_corpora.parse_hf_name(corpus)
     if hf is not None:
         return hf_corpora.hf_corpus(*hf, val_fraction, val_docs, seed, max_docs, text_field)

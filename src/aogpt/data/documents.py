@@ -29,6 +29,9 @@ class Corpus:
     total_chars: int | None = None  # for the progress bar; None when streamed
     # restart after {split: documents already consumed}; None = skip by reading `docs()` (in memory)
     resume: Callable[[dict[str, int]], Iterator[tuple[str, str]]] | None = None
+    # every document has the same length (synthetic tasks): `prepare` then checks that every one
+    # encodes to the same number of tokens and records it, so training windows hold whole documents
+    fixed_length: bool = False
 
     def documents(self, split: str | None = None) -> Iterator[str]:
         """The texts of one split (or all), in corpus order."""

@@ -6,6 +6,7 @@
     meta.json            tokenizer spec and sizes, dtype, token/document counts per split, source
                          checksums, corpus name, split rule, format version
     tokenizer.json       for bpe:N only: the tokenizer trained on the training split
+    record_tokens        (in meta.json) only for fixed-length corpora: tokens per document
 
 A split of more than ``shard_tokens`` ids (default 100 M) is written as shards instead,
 ``train-00000.bin``, ``train-00001.bin``, ... (`aogpt.data.shards`): meta.json then lists them under
@@ -33,7 +34,10 @@ Decisions:
 Batches: `PreparedData.get_batch` takes ``batch_size`` random windows of exactly ``block_size``
 contiguous tokens (the model predicts every token of its window); a window never crosses a shard
 boundary, and window starts are uniform over all valid starts of all shards (``[0, n_i - block_size]``
-in shard i: a shard is chosen with probability proportional to its number of valid starts). They are
+in shard i: a shard is chosen with probability proportional to its number of valid starts). A
+fixed-length corpus (the synthetic tasks; meta.json's ``record_tokens``: every document, EOT
+included, is that many tokens) read with ``block_size == record_tokens`` gets whole documents
+instead: starts only at document boundaries, uniformly over the documents. They are
 drawn with ``torch.randint`` from the caller's ``torch.Generator`` (cheap, seedable, and its state can
 be checkpointed), a ``numpy.random.Generator``, or an int seed (a fresh generator per call: same
 seed, same batch). `PreparedData.iter_eval_batches` yields the sequential non-overlapping windows
@@ -134,6 +138,28 @@ def _finish_splits(work: Path, name: str, shards_by_split: dict[str, list[dict]]
     return splits
 
 
+def _record_tokens(work: Path, splits: dict, dtype: np.dtype, tok: Tokenizer, name: str) -> int:
+    """The common length in tokens (EOT included) of every document of a fixed-length corpus, checked
+    on the written files: its EOT ids must sit exactly every R tokens, and every shard hold whole
+    documents. Otherwise (a tokenizer that merges characters) training windows could not hold whole
+    documents, so this is a user error."""
+    lengths = set()
+    for info in splits.values():
+        for shard in info.get("shards", [info]):
+            ids = np.fromfile(work / shard["file"], dtype=dtype)
+            ends = np.flatnonzero(ids == tok.eot_id)
+            if len(ends) == 0 or len(ids) % len(ends):
+                lengths.add(-1)
+                continue
+            R = len(ids) // len(ends)
+            lengths.add(R if np.array_equal(ends, np.arange(R - 1, len(ids), R)) else -1)
+    if len(lengths) != 1 or -1 in lengths:
+        shutil.rmtree(work, ignore_errors=True)
+        raise AOGPTError(f"the documents of {name} do not all encode to the same number of {tok.spec} tokens",
+                         "use --tokenizer bytes (one token per character)")
+    return lengths.pop()
+
+
 def prepare(
     corpus: str,
     tokenizer_spec: str,
@@ -216,6 +242,7 @@ def prepare(
             )
             (work / PROGRESS_FILE).unlink(missing_ok=True)  # from here on, a crash restarts from scratch
             splits = _finish_splits(work, src.name, shards)
+            record = _record_tokens(work, splits, dtype, tok, src.name) if src.fixed_length else None
             sharded = any("shards" in info for info in splits.values())
             meta = {
                 "format_version": SHARDED_FORMAT_VERSION if sharded else FORMAT_VERSION,
@@ -230,6 +257,7 @@ def prepare(
                 "splits": splits,
                 "sources": src.sources,
                 **({"shard_tokens": shard_tokens} if sharded else {}),
+                **({"record_tokens": record} if record else {}),
             }
             write_json(work / META_FILE, meta)
             replace_dir(work, out)
@@ -351,6 +379,16 @@ class PreparedData:
             raise ValueError(f"the {name} split of {self.directory} has {len(maps)} shards: use shards({name!r})")
         return maps[0]
 
+    @property
+    def record_tokens(self) -> int | None:
+        """The length of every document (EOT included) of a fixed-length corpus (synthetic tasks), else None."""
+        value = self.meta.get("record_tokens")
+        return int(value) if value else None
+
+    def _stride(self, block_size: int) -> int:
+        """Distance between window starts: a whole document when windows are exactly one document long."""
+        return self.record_tokens if self.record_tokens == block_size else 1
+
     def _valid_starts(self, split: str, block_size: int) -> np.ndarray:
         """Number of window starts in each shard; a user error when no shard holds one block."""
         if block_size < 1:
@@ -369,7 +407,7 @@ class PreparedData:
                 f"(largest {sizes.max()})",
                 "use a smaller block size, or re-run aogpt prepare with a larger --shard-tokens",
             )
-        return np.maximum(sizes - block_size + 1, 0)
+        return np.maximum(sizes - block_size, -1) // self._stride(block_size) + 1
 
     def get_batch(
         self,
@@ -392,7 +430,7 @@ class PreparedData:
             starts = torch.randint(high, (batch_size,), generator=generator, device=device).cpu().numpy()
         ends = np.cumsum(counts)
         shard = np.searchsorted(ends, starts, side="right")  # global start -> (shard, offset)
-        offset = starts - (ends[shard] - counts[shard])
+        offset = (starts - (ends[shard] - counts[shard])) * self._stride(block_size)
         maps = self.shards(split)
         x = np.empty((batch_size, block_size), dtype=np.int64)
         for i, (k, o) in enumerate(zip(shard.tolist(), offset.tolist(), strict=True)):

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from aogpt.errors import AOGPTError
-from aogpt.orders import is_left_to_right, make_order_sampler
+from aogpt.orders import is_adaptive, is_left_to_right, make_order_sampler
 
 
 def unwrap(model: Any) -> nn.Module:
@@ -52,6 +52,7 @@ class ModelFamily:
       parallel_steps  generation may reveal several positions per step
       kv_cache        generation keeps a KV cache (O(n) per sequence)
       one_pass_nll    the exact NLL under one order costs one forward (a decoder), not n
+      adaptive_order  generation can choose the order from the model's confidence (`adaptive_sampler`)
     """
 
     name: str
@@ -65,6 +66,7 @@ class ModelFamily:
     parallel_steps: bool = False
     kv_cache: bool = False
     one_pass_nll: bool = True
+    adaptive_order: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ orders
@@ -124,9 +126,23 @@ class ModelFamily:
         raise AOGPTError(f"variant {self.name} cannot draft several positions in one pass, so speculative "
                          "decoding does not apply", "use an aogpt or sigma model, or drop --speculative")
 
+    def adaptive_sampler(self, model: nn.Module, chain: torch.Tensor, known: torch.Tensor, plan: Any, settings: Any,
+                         *, generator: torch.Generator | None = None, teacher: torch.Tensor | None = None,
+                         record: bool = False) -> Any:
+        """The sampler that decodes one batch in an adaptive order (`settings.plan.order`, one of
+        `aogpt.orders.ADAPTIVE`): chain (B, n) starts with the known positions, the rest is chosen
+        while decoding (`aogpt.generation.adaptive`); plan (B, T) gives how many positions each step
+        reveals at least; generator draws candidate subsets; teacher (B, n) holds tokens by position.
+        After `run`, the sampler's `chain` holds the chosen orders and `step_counts` what each step
+        revealed."""
+        raise NotImplementedError
+
     def check_generation(self, *, policy: str, counts: Callable[[], list[int]], order: Any,
                          known_positions: torch.Tensor) -> None:
         """Refuse a generation request this family cannot serve (before any work is done)."""
+        if is_adaptive(order) and not self.adaptive_order:
+            raise AOGPTError(f"variant {self.name} cannot choose its own unmasking order (order {order!r})",
+                             "use an any-order model (aogpt, sigma, encoder-mdm), or a fixed order such as l2r")
         if self.parallel_steps:
             return
         if policy != "count":

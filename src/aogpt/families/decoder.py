@@ -16,6 +16,7 @@ from torch import nn
 
 from aogpt.errors import AOGPTError
 from aogpt.families.base import ModelFamily
+from aogpt.generation.adaptive import AdaptiveDecoderSampler
 from aogpt.generation.decoder import DecoderSampler, step_mask
 from aogpt.generation.speculative import SpeculativeSampler
 
@@ -57,6 +58,9 @@ class DecoderFamily(ModelFamily):
                 teacher: torch.Tensor | None = None, record: bool = False) -> DecoderSampler:
         return DecoderSampler(model, chain, known, plan, settings, teacher, record)
 
+    def adaptive_sampler(self, model, chain, known, plan, settings, *, generator=None, teacher=None, record=False):
+        return AdaptiveDecoderSampler(model, chain, known, plan, settings, generator, teacher, record)
+
 
 # GPT-2 blocks, left to right, tied head: the paper's AR control.
 GPT = DecoderFamily(
@@ -69,11 +73,11 @@ SIGMA = DecoderFamily(
     name="sigma", summary="sigma-GPT: the target position added at the input",
     architecture=dict(norm="layernorm", qk_norm=False, target="input", tie_head=True, head_bias=False),
     default_order="uniform", target_position=True, any_order=True, ensemble=True, parallel_steps=True,
-    kv_cache=True)
+    kv_cache=True, adaptive_order=True)
 
 # AO-GPT: adaLN on a 128-wide target table, RMSNorm, QK-norm, untied head with bias; 10% L2R orders.
 AOGPT = DecoderFamily(
     name="aogpt", summary="AO-GPT: the target position drives adaLN in every block",
     architecture=dict(norm="rmsnorm", qk_norm=True, target="adaln", tie_head=False, head_bias=True),
     default_order="mixture", target_position=True, any_order=True, ensemble=True, parallel_steps=True,
-    kv_cache=True)
+    kv_cache=True, adaptive_order=True)

@@ -19,6 +19,7 @@ What lives here (docs/encoder.md):
 * `EncoderSampler`: the reverse-process sampler. `aogpt.generate.generate` drives it for encoder
   models, so prompts, infilling, unmasking policies (Lemma 4.1 Bernoulli or counts, linear/cosine),
   orders, seeds and the sampling knobs are shared with the decoder's generator.
+  `AdaptiveEncoderSampler`: the same in an adaptive order (confidence, margin, entropy).
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ from torch import nn
 from aogpt.errors import AOGPTError
 from aogpt.families.base import ModelFamily, unwrap
 from aogpt.functional import token_nll
+from aogpt.generation.adaptive import AdaptiveSampler, AdaptiveSteps
 from aogpt.sampling import SamplingConfig, sample_tokens
 
 __all__ = ["ENCODER_MDM", "EncoderFamily", "draw_masks", "masked_diffusion_loss", "weighted_losses", "order_nll",
-           "mc_bound", "validation_losses", "l2r_cut_estimate", "any_cut_estimate", "EncoderSampler"]
+           "mc_bound", "validation_losses", "l2r_cut_estimate", "any_cut_estimate", "EncoderSampler",
+           "AdaptiveEncoderSampler"]
 
 
 def _check_encoder(model: nn.Module) -> None:
@@ -262,6 +265,46 @@ class EncoderSampler:
         self.g += k
 
 
+class AdaptiveEncoderSampler(AdaptiveSampler):
+    """The reverse process in an adaptive order (`aogpt.generation.adaptive`): each step's single
+    bidirectional pass gives p(x_j | unmasked tokens) at every masked position, so scoring the
+    candidates costs only their rows of the output head. Sequences with nothing to reveal in a step
+    sit its forward out."""
+
+    def __init__(self, model: nn.Module, chain: torch.Tensor, known: torch.Tensor, plan: np.ndarray, settings,
+                 generator: torch.Generator | None, teacher: torch.Tensor | None, record: bool):
+        _check_encoder(model)
+        B, n = chain.shape
+        dev = chain.device
+        m = known.numel()
+        self.model, self.n, self.dev = model, n, dev
+        self.steps = AdaptiveSteps(chain, m, plan, settings, generator, teacher, record, model.config.vocab_size,
+                                   next(model.parameters()).dtype)
+        self.x = torch.full((B, n), -1, dtype=torch.long, device=dev)
+        if m:
+            self.x.scatter_(1, chain[:, :m], known.to(dev).expand(B, m))
+
+    def _forward(self, active: np.ndarray, cands: list[np.ndarray]) -> torch.Tensor:
+        """One bidirectional pass over the active sequences, the head only at their candidates."""
+        sizes = np.array([len(c) for c in cands])
+        width = int(sizes.max())
+        select = np.stack([np.pad(c, (0, width - len(c)), mode="edge") for c in cands])
+        rows = torch.from_numpy(active).to(self.dev)
+        logits = self.model.forward_slots(self.x[rows], positions(len(active), self.n, self.dev),
+                                          select=torch.from_numpy(select).to(self.dev))
+        self.steps.forwards += 1
+        self.steps.slots += len(active) * self.n
+        return logits[torch.from_numpy(np.arange(width) < sizes[:, None]).to(self.dev)]
+
+    def _commit(self, active, cands, picks, new) -> None:
+        b_of = np.repeat(active, [len(p) for p in picks])
+        pos_of = np.concatenate([c[p] for c, p in zip(cands, picks, strict=True)])
+        self.x[torch.from_numpy(b_of).to(self.dev), torch.from_numpy(pos_of).to(self.dev)] = new
+
+    def _tokens(self) -> torch.Tensor:
+        return self.x.gather(1, self.chain)
+
+
 @dataclass(frozen=True)
 class EncoderFamily(ModelFamily):
     """Bidirectional: no KV cache, n forwards for the exact NLL of one order, T forwards to generate."""
@@ -289,9 +332,13 @@ class EncoderFamily(ModelFamily):
         # an encoder has no KV cache: every step is a full pass
         return EncoderSampler(model, chain, known, plan, teacher, record, settings.skip_noop)
 
+    def adaptive_sampler(self, model, chain, known, plan, settings, *, generator=None, teacher=None, record=False):
+        return AdaptiveEncoderSampler(model, chain, known, plan, settings, generator, teacher, record)
+
 
 # Encoder-only MDM (MDLM/RADD style): bidirectional, [MASK] slots, no time input.
 ENCODER_MDM = EncoderFamily(
     name="encoder-mdm", summary="encoder-only masked diffusion model (MDLM/RADD style)",
     architecture=dict(norm="layernorm", qk_norm=False, target="none", tie_head=True, head_bias=False),
-    default_order="uniform", causal=False, any_order=True, parallel_steps=True, one_pass_nll=False)
+    default_order="uniform", causal=False, any_order=True, parallel_steps=True, one_pass_nll=False,
+    adaptive_order=True)

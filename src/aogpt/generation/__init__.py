@@ -5,4 +5,5 @@
     conditioning.py  prompts and infilling templates -> the known (position, token) pairs
     plan.py          chain orders and per-step counts, drawn before the model runs
     decoder.py       the decoders' KV-cache sampler (parallel query slots, catch-ups, Lemma 4.1)
+    adaptive.py      adaptive orders (confidence, margin, entropy): the model picks where to reveal
 """

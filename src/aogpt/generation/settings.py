@@ -17,6 +17,7 @@ from typing import Any
 
 from aogpt.errors import AOGPTError, check_choice
 from aogpt.kv_cache import ATTENTION
+from aogpt.orders import ADAPTIVE, is_adaptive
 from aogpt.sampling import SamplingConfig
 from aogpt.schedules import POLICIES, SCHEDULES
 from aogpt.validation import bounded, check_ranges
@@ -33,8 +34,12 @@ class DecodePlan:
     position to generate). policy: "bernoulli" (Lemma 4.1) or "count"
     (None: the model family's default: Bernoulli where several tokens per step are possible).
     schedule: "linear" or "cosine" time grid. order: the unmasking order: an `aogpt.orders` spec
-    ("random"/"uniform", "l2r", "blockwise:4", ...) or explicit permutation(s) (n,) / (N, n); None:
-    uniform (left to right for a left-to-right model).
+    ("random"/"uniform", "l2r", "blockwise:4", ...), explicit permutation(s) (n,) / (N, n), or an
+    adaptive order chosen while decoding ("confidence", "margin", "entropy": `aogpt.generation.adaptive`,
+    with the ``count`` policy by default); None: uniform (left to right for a left-to-right model).
+    Adaptive orders only: candidates, how many remaining positions are scored per step (None: all;
+    C: a random subset of C); threshold, a probability in (0, 1]: also reveal every candidate whose
+    largest probability reaches it, and at least one position per step.
     """
 
     steps: int | None = bounded(None, ge=1, le=2**20, integer=True)
@@ -42,6 +47,8 @@ class DecodePlan:
     schedule: str = "linear"
     order: Any = None
     speculative: int | str | None = None  # exact self-speculative decoding: draft K per forward, or "auto"
+    candidates: int | None = bounded(None, ge=1, le=2**20, integer=True)
+    threshold: float | None = bounded(None, gt=0.0, le=1.0)
 
     def validate(self) -> DecodePlan:
         check_ranges(self, "decoding plan")
@@ -56,12 +63,21 @@ class DecodePlan:
         if spec is not None and (self.steps is not None or self.policy is not None):
             raise AOGPTError("speculative decoding reveals the positions one at a time along the order (exactly), "
                              "so steps and policy do not apply", "drop --steps/--policy, or drop --speculative")
+        if (self.candidates is not None or self.threshold is not None) and not is_adaptive(self.order):
+            raise AOGPTError("candidates and threshold apply only to an adaptive order",
+                             f"use order {' / '.join(ADAPTIVE)}, or drop them")
+        if spec is not None and is_adaptive(self.order):
+            raise AOGPTError("speculative decoding follows an order fixed in advance, while an adaptive order is "
+                             "chosen while decoding", "drop --speculative, or use a fixed order (random, l2r, ...)")
         return self
 
     def to_dict(self) -> dict[str, Any]:
         order = self.order if self.order is None or isinstance(self.order, str) else "given"
-        return {"steps": self.steps, "policy": self.policy, "schedule": self.schedule, "order": order,
-                "speculative": self.speculative}
+        out = {"steps": self.steps, "policy": self.policy, "schedule": self.schedule, "order": order,
+               "speculative": self.speculative}
+        if is_adaptive(self.order):
+            out.update(candidates=self.candidates, threshold=self.threshold)
+        return out
 
 
 @dataclass(frozen=True)
@@ -78,7 +94,7 @@ class GenerationSettings:
     skip_noop: bool = True  # encoder: skip the forward of steps that reveal nothing (MDLM's trick)
 
     SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "greedy", "dtype")
-    PLAN_FIELDS = ("steps", "policy", "schedule", "order", "speculative")
+    PLAN_FIELDS = ("steps", "policy", "schedule", "order", "speculative", "candidates", "threshold")
     RUN_FIELDS = ("batch_size", "use_cache", "prepack", "attention", "compile", "skip_noop")
 
     def with_overrides(self, **overrides: Any) -> GenerationSettings:
