@@ -40,7 +40,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--schedule", choices=("linear", "cosine"), default="linear", help="time grid (default linear)")
     p.add_argument("--order", default=None,
                    help="unmasking order: random (default; = uniform), l2r, another order spec (blockwise:4, "
-                   "fixed-random:SEED, mixture:P, ...) or a comma-separated permutation of positions")
+                   "fixed-random:SEED, mixture:P, mallows:THETA, window:W, ...) or a comma-separated "
+                   "permutation of positions")
     p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature, > 0 (default 1.0)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold in (0, 1] (default 1.0: off)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: off)")

@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--order",
         help="order distribution: l2r, uniform, mixture[:P], fixed-random[:SEED], "
-        "blockwise[:K[:SEED]] (default per variant)",
+        "blockwise[:K[:SEED]], mallows:THETA, window:W (default per variant)",
     )
     p.add_argument("--max-steps", type=int)
     p.add_argument("--max-minutes", type=float, help="stop after this much training time")
