@@ -93,7 +93,7 @@ def _print_summary(s: dict[str, Any]) -> None:
     )
     for key in sorted(k for k in s if k.startswith("val/")):
         _, kind, weights = key.split("/")
-        label = "left-to-right" if kind == "l2r" else "any-order"
+        label = {"l2r": "left-to-right", "any": "any-order", "own": "own order"}.get(kind, kind)
         print(f"  {label:>13} {weights:>3}: loss {s[key]:.4f}  perplexity {math.exp(min(s[key], 50)):.2f}")
     print(f"checkpoint: {s['checkpoint']}")
     if s.get("plot"):
