@@ -41,7 +41,8 @@ def fit(t: Trainer, until: int | None = None) -> dict[str, Any]:
 
     until: stop after this step instead (at most max_steps; the learning-rate schedule still spans
     max_steps), so a run can be trained in pieces: each piece ends with a validation and a
-    checkpoint, and resuming from it continues exactly where it stopped."""
+    checkpoint (loss.png is drawn when the run ends), and resuming from it continues exactly where
+    it stopped."""
     stop_at = t.cfg.max_steps if until is None else min(until, t.cfg.max_steps)
     with stop_on_signals(t), progress(total=stop_at, desc="train", disable=not t.show_progress,
                                       initial=t.step, unit="step") as bar:
@@ -49,11 +50,12 @@ def fit(t: Trainer, until: int | None = None) -> dict[str, Any]:
     final_eval = t.evaluate()
     t.log({"kind": "eval", "step": t.step, **final_eval})
     ckpt = t.save()
-    plot = t.plot()
+    stopped_by = t._stop_signal or ("time" if t.step < stop_at else "max_steps" if stop_at == t.cfg.max_steps
+                                    else "until")
+    plot = t.plot() if stopped_by != "until" else None  # a piece of a longer run: plotted when the run ends
     return {
         "step": t.step,
-        "stopped_by": t._stop_signal or ("time" if t.step < stop_at else "max_steps" if stop_at == t.cfg.max_steps
-                                         else "until"),
+        "stopped_by": stopped_by,
         "train_loss": last.loss if last else None,
         **final_eval,
         "tokens_seen": t.tokens_seen,
