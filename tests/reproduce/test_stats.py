@@ -75,3 +75,15 @@ def test_combine(verdicts, combined):
 
 def test_json_safe_drops_non_finite_numbers():
     assert stats.json_safe({"a": [1.0, math.inf, (math.nan, 2)], "b": "x"}) == {"a": [1.0, None, [None, 2]], "b": "x"}
+
+
+def test_exact_values_have_no_spread():
+    exact = Measurement.of([2.0], "count", exact=True)
+    assert stats.mean_interval(exact) == Estimate(2.0, 2.0, 2.0, 1, "count", exact=True)
+    assert stats.verdict_lower(stats.offset(exact, 1.5)) == REPRODUCED  # exactly 0.5 above: decided
+    noisy = Measurement.of([1.0, 1.2, 0.8], "rounds")
+    e = stats.difference(exact, noisy)
+    ref = stats.mean_interval(noisy)
+    assert (e.value, e.low, e.high, e.n, e.exact) == pytest.approx((1.0, 2.0 - ref.high, 2.0 - ref.low, 3, False))
+    with pytest.raises(ValueError):
+        Measurement.of([1.0, 2.0], "count", exact=True)

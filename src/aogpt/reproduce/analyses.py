@@ -98,14 +98,19 @@ def genppl(plan: Plan, data: Any, seed: int, device: str = "cpu", show_progress:
     return {"units": "samples", "values": values, "extra": extra}
 
 
-def speed(plan: Plan, out: Path, device: str = "cpu", seed: int = 0, show_progress: bool = True) -> dict[str, Any]:
-    """`aogpt bench generate` at the runs' size (random weights), interleaved rounds: per repeat, the
-    log-log slope of time against the steps T and the log time at T = n of each contender."""
+def speed(plan: Plan, out: Path, vocab_size: int, device: str = "cpu", seed: int = 0,
+          show_progress: bool = True) -> dict[str, Any]:
+    """`aogpt bench generate` at the runs' size (random weights), in interleaved timing rounds.
+
+    Computation (Finding 7) is counted, not timed: the positions run through the model (slot
+    evaluations; KV-cache padding is reported beside) at every T, and the log-log slope of that
+    count against T, an exact number. Speed (Finding 8.1) is timed: the log wall time at T = n of
+    each contender in every round (rounds pair the contenders)."""
     from aogpt.bench.common import Size
     from aogpt.bench.generate import bench_generate
 
     scale = plan.scale
-    size = Size(scale.n_layer, scale.n_embd, scale.n_head, plan.runs[0].model_cfg.vocab_size if plan.runs else 320)
+    size = Size(scale.n_layer, scale.n_embd, scale.n_head, vocab_size)
     steps = list(scale.bench_steps)
     calls = (len(steps) * 2 + 1) * scale.bench_repeats
     with progress(total=calls, desc="reproduce: generation speed", unit="run", disable=not show_progress) as bar:
@@ -115,18 +120,23 @@ def speed(plan: Plan, out: Path, device: str = "cpu", seed: int = 0, show_progre
     runs, n = result["runs"], scale.block_size
     log_t = np.log(np.asarray(steps, dtype=np.float64))
     values: dict[str, dict[str, Any]] = {}
+    time_slopes = {}
     for method in ("aogpt", "encoder"):
-        times = np.log(np.asarray([runs[method][str(t)] for t in steps], dtype=np.float64))  # (T, repeats)
-        slopes = [float(np.polyfit(log_t, times[:, r], 1)[0]) for r in range(times.shape[1])]
-        values[f"slope {method}"] = {"values": slopes, "group": "timing rounds"}
+        slots = np.log(np.asarray([result["slots"][method][str(t)] for t in steps], dtype=np.float64))
+        values[f"slots slope {method}"] = {"values": [float(np.polyfit(log_t, slots, 1)[0])], "group": "count",
+                                           "exact": True}
+        times = np.log(np.asarray([runs[method][str(t)] for t in steps], dtype=np.float64))  # (T, rounds)
+        time_slopes[method] = [float(np.polyfit(log_t, times[:, r], 1)[0]) for r in range(times.shape[1])]
         values[f"log time {method}"] = {"values": times[steps.index(n)].tolist(), "group": "timing rounds"}
     values["log time gpt"] = {"values": np.log(runs["gpt"][str(n)]).tolist(), "group": "timing rounds"}
-    extra = {"seconds": result["seconds"], "n": n, "batch": scale.bench_batch, "steps": steps,
+    extra = {"seconds": result["seconds"], "slots": result["slots"], "padded_slots": result["padded_slots"],
+             "time_slopes": time_slopes, "n": n, "batch": scale.bench_batch, "steps": steps,
              "environment": result["environment"], "files": result.get("files", {})}
     return {"units": "timing rounds", "values": values, "extra": extra}
 
 
 ANALYSES = {"ensemble": ("mixture", "encoder"), "genppl": ("mixture", "encoder", "l2r"), "speed": ()}
+FORMAT = 2  # of the cached results: a change of what an analysis stores recomputes it
 
 
 def _identity(plan: Plan, name: str, seed: int | None) -> dict[str, Any]:
@@ -135,7 +145,8 @@ def _identity(plan: Plan, name: str, seed: int | None) -> dict[str, Any]:
         for key in ANALYSES[name]:
             done = plan.run(key, seed).dir / "done.json"
             runs[key] = read_json(done, "run summary") if done.is_file() else None
-    return json.loads(json.dumps({"scale": plan.scale.to_dict(), "seed": seed, "runs": runs}, default=str))
+    return json.loads(json.dumps({"format": FORMAT, "scale": plan.scale.to_dict(), "seed": seed, "runs": runs},
+                                 default=str))
 
 
 def run_analysis(plan: Plan, name: str, data: Any, device: str = "cpu", show_progress: bool = True
@@ -158,7 +169,8 @@ def run_analysis(plan: Plan, name: str, data: Any, device: str = "cpu", show_pro
         elif name == "genppl":
             result = genppl(plan, data, seed, device, show_progress)
         else:
-            result = speed(plan, folder / "speed", device, plan.seeds[0], show_progress)
+            result = speed(plan, folder / "speed", int(data.tokenizer.padded_vocab_size), device, plan.seeds[0],
+                           show_progress)
         write_json(path, {"identity": identity, "result": json_safe(result)})
         results["all" if seed is None else seed] = result
     return results

@@ -18,7 +18,7 @@ def _num(entry: dict[str, Any] | None, digits: int = 4) -> str:
     text = f"{entry['mean']:.{digits}f}"
     if entry.get("interval"):
         lo, hi = entry["interval"]
-        text += f" [{lo:.{digits}f}, {hi:.{digits}f}]"
+        text += " (exact)" if lo == hi else f" [{lo:.{digits}f}, {hi:.{digits}f}]"
     return text
 
 
@@ -33,10 +33,14 @@ def _check_row(c: dict[str, Any]) -> list[str]:
         rule = f"A - B < {c['margin']:g}"
     else:
         rule = "B - A > 0"
-    value = f"{est['value']:.4f}" + (f" [{est['low']:.4f}, {est['high']:.4f}]" if est.get("low") is not None else
-                                      " (no interval)")
-    return [c["claim"], c["a"]["label"], _num(c["a"]), c["b"]["label"], _num(c["b"]), f"{rule}: {value}",
-            f"{est['n']} {est['units']}", MARK.get(c["verdict"], c["verdict"])]
+    if est.get("exact"):
+        value, units = f"{est['value']:.4f} (exact)", "exact"
+    else:
+        value = f"{est['value']:.4f}" + (f" [{est['low']:.4f}, {est['high']:.4f}]" if est.get("low") is not None
+                                          else " (no interval)")
+        units = f"{est['n']} {est['units']}"
+    return [c["claim"], c["a"]["label"], _num(c["a"]), c["b"]["label"], _num(c["b"]), f"{rule}: {value}", units,
+            MARK.get(c["verdict"], c["verdict"])]
 
 
 def _runs_table(runs: list[dict[str, Any]]) -> list[str]:
@@ -64,12 +68,19 @@ def _extra(f: dict[str, Any]) -> list[str]:
         lines += _table(["annealing", "AO-GPT gen. ppl", "encoder gen. ppl", "AO-GPT NLL/token",
                          "encoder NLL/token", "entropy AO-GPT / encoder"], rows)
     if f["key"] == "speed":
-        sec = f["seconds"]
-        rows = [[str(t), *(f"{sec[m][str(t)] * 1000:.1f}" if str(t) in sec.get(m, {}) else "-"
-                           for m in ("aogpt", "encoder", "gpt"))] for t in f["steps"]]
-        lines += [f"Median seconds x 1000 per batch of {f['batch']}, n = {f['n']} (GPT: n steps only):", "",
-                  *_table(["steps T", "AO-GPT", "encoder-only MDM", "GPT"], rows),
-                  f"AO-GPT's speed-up over the encoder at T = n: {_num(f['speedup_at_n'], 2)}x.", ""]
+        sec, slots, pad = f["seconds"], f["slots"], f["padded_slots"]
+
+        def cell(table: dict, m: str, t: int, fmt: str) -> str:
+            return format(table[m][str(t)], fmt) if str(t) in table.get(m, {}) else "-"
+
+        rows = [[str(t), *(cell(sec, m, t, ".4f") for m in ("aogpt", "encoder", "gpt")),
+                 *(f"{cell(slots, m, t, 'd')} (+{cell(pad, m, t, 'd')} padded)" for m in ("aogpt", "encoder"))]
+                for t in f["steps"]]
+        lines += [f"Batch of {f['batch']}, n = {f['n']}: median seconds, and slot evaluations (positions run "
+                  "through the model; padding computed beside them in parentheses). GPT runs n steps only.", "",
+                  *_table(["steps T", "AO-GPT s", "encoder s", "GPT s", "AO-GPT slots", "encoder slots"], rows),
+                  f"AO-GPT's speed-up over the encoder at T = n: {_num(f['speedup_at_n'], 2)}x "
+                  f"({f['rounds']} interleaved timing rounds).", ""]
     if f["key"] == "orders":
         rows = [[r["label"], f"`{r['order']}`", r["theta"], _num(r["l2r"]), _num(r["any"])] for r in f["sweep"]]
         lines += ["Final NLL per token of each trained model (mean [95% interval]):", "",

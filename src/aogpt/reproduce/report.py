@@ -20,7 +20,7 @@ from aogpt.io import atomic_write_text, ensure_writable_dir, write_json
 from aogpt.plots import _pyplot
 from aogpt.reproduce import stats
 from aogpt.reproduce.compare import overlay, read_run
-from aogpt.reproduce.findings import ANNEALING, ENSEMBLE_SIZES, FINDINGS, RUNS, Finding
+from aogpt.reproduce.findings import ANNEALING, ENSEMBLE_SIZES, FINDINGS, RUNS, Finding, value
 from aogpt.reproduce.results import finding_result, lookup_for, metric_key
 from aogpt.reproduce.runner import Plan
 
@@ -29,8 +29,9 @@ RULE = ("Each check states a claim of the paper as 'A is lower than B' (a loss o
         "lies below zero, inconclusive at this scale when it contains zero. A claim that A is comparable to B "
         "within a margin m is reproduced when the interval of A - B lies below m, not reproduced when it lies "
         "above m. Intervals are Student-t intervals over seeds when several seeds ran, else over evaluation "
-        "batches, held-out sequences, generated samples or timing rounds (paired where both sides share them). "
-        "A finding is reproduced when all its checks are, not reproduced when any is not, else inconclusive.")
+        "batches, held-out sequences, generated samples or timing rounds (paired where both sides share them); "
+        "counts of operations are exact and need none. A finding is reproduced when all its checks are, not "
+        "reproduced when any is not, else inconclusive.")
 
 
 def _mean_curves(plan: Plan, key: str, metric: str) -> list[tuple[float, float]]:
@@ -38,8 +39,8 @@ def _mean_curves(plan: Plan, key: str, metric: str) -> list[tuple[float, float]]
     by_step: dict[int, list[float]] = {}
     for seed in plan.seeds:
         curves = read_run(plan.run(key, seed).dir)
-        for step, value in curves.evals.get(metric_key(key, metric), []):
-            by_step.setdefault(int(step), []).append(value)
+        for step, loss in curves.evals.get(metric_key(key, metric), []):
+            by_step.setdefault(int(step), []).append(loss)
     return [(s, float(np.mean(v))) for s, v in sorted(by_step.items()) if len(v) == len(plan.seeds)]
 
 
@@ -143,8 +144,7 @@ def _summary_entry(m: stats.Measurement) -> dict[str, Any]:
 
 
 def analysis_tables(finding: Finding, lookup: Any, analyses: dict[str, Any]) -> dict[str, Any]:
-    from aogpt.reproduce.findings import value
-
+    """The numbers behind a finding's analyses, for its tables and figure."""
     out: dict[str, Any] = {}
     if "ensemble" in finding.analyses:
         out["table"] = {k: _summary_entry(lookup(value("ensemble", k)))
@@ -163,7 +163,8 @@ def analysis_tables(finding: Finding, lookup: Any, analyses: dict[str, Any]) -> 
     if "speed" in finding.analyses:
         extra = next(iter(analyses["speed"].values()))["extra"]
         gap = stats.difference(lookup(value("speed", "log time encoder")), lookup(value("speed", "log time aogpt")))
-        out["seconds"] = extra["seconds"]
+        out["seconds"], out["slots"], out["padded_slots"] = extra["seconds"], extra["slots"], extra["padded_slots"]
+        out["rounds"] = len(next(iter(analyses["speed"].values()))["values"]["log time aogpt"]["values"])
         out["n"], out["batch"], out["steps"] = extra["n"], extra["batch"], extra["steps"]
         out["speedup_at_n"] = {"mean": math.exp(gap.value),
                                "interval": [math.exp(gap.low), math.exp(gap.high)] if math.isfinite(gap.low)

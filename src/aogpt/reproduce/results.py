@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from aogpt.errors import AOGPTError
-from aogpt.orders import is_left_to_right
+from aogpt.orders import is_left_to_right, make_order_sampler
 from aogpt.reproduce import stats
 from aogpt.reproduce.findings import RUNS, Check, Finding, Quantity
 from aogpt.reproduce.runner import Plan
@@ -56,11 +56,12 @@ def curve_measurement(plan: Plan, q: Quantity) -> stats.Measurement:
 def analysis_measurement(results: dict[Any, dict[str, Any]], key: str) -> stats.Measurement:
     """One seed (or the seed-free benchmark): one value per unit, paired within a group; several
     seeds: one mean per seed, paired by seed."""
-    if len(results) == 1:
+    if len(results) == 1 or all(r["values"][key].get("exact") for r in results.values()):
         result = next(iter(results.values()))
         entry = result["values"][key]
-        return stats.Measurement.of(entry["values"], result["units"],
-                                    [(entry["group"], i) for i in range(len(entry["values"]))])
+        return stats.Measurement.of(entry["values"], result["units"] if not entry.get("exact") else "exact count",
+                                    [(entry["group"], i) for i in range(len(entry["values"]))],
+                                    exact=bool(entry.get("exact")))
     seeds = sorted(results, key=str)
     return stats.Measurement.of([float(np.mean(results[s]["values"][key]["values"])) for s in seeds], "seeds", seeds)
 
@@ -109,7 +110,12 @@ def judge(check: Check, lookup: Lookup, labels: dict[str, str] | None = None) ->
 
 
 def _negate(e: stats.Estimate) -> tuple:
-    return (-e.value, -e.high, -e.low, e.n, e.units, e.paired)
+    return (-e.value, -e.high, -e.low, e.n, e.units, e.paired, e.exact)
+
+
+def _fixed_other_order(spec: str) -> bool:
+    sampler = make_order_sampler(spec)
+    return sampler.is_fixed and not is_left_to_right(sampler)
 
 
 def run_table(plan: Plan, finding: Finding) -> list[dict[str, Any]]:
@@ -118,7 +124,7 @@ def run_table(plan: Plan, finding: Finding) -> list[dict[str, Any]]:
     for key in finding.runs:
         row: dict[str, Any] = {"run": key, "label": RUNS[key].label, "order": RUNS[key].order}
         for metric in ("l2r", "any", "own"):
-            if metric == "own" and not (RUNS[key].order.startswith(("fixed-random", "blockwise"))):
+            if metric == "own" and not _fixed_other_order(RUNS[key].order):
                 continue
             for stage in ("early", "final"):
                 try:

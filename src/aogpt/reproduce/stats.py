@@ -2,7 +2,8 @@
 
 A *measurement* is a list of values, one per independent unit: per seed when a comparison ran
 several seeds, else per evaluation batch, sequence, sample or timing repeat (whatever the quantity is
-averaged over). Two measurements over the same units (the same seeds, the same evaluation batches in
+averaged over). An *exact* measurement (a count of operations, which does not vary) is one value
+whose interval is the value itself. Two measurements over the same units (the same seeds, the same evaluation batches in
 the same orders) are compared *paired*; others (generated samples of two models) by Welch's
 unpaired t interval.
 
@@ -42,11 +43,15 @@ class Measurement:
     values: tuple[float, ...]
     units: str
     ids: tuple[Any, ...] = ()
+    exact: bool = False
 
     @staticmethod
-    def of(values: Sequence[float], units: str, ids: Sequence[Any] | None = None) -> Measurement:
+    def of(values: Sequence[float], units: str, ids: Sequence[Any] | None = None, exact: bool = False
+           ) -> Measurement:
         values = tuple(float(v) for v in values)
-        return Measurement(values, units, tuple(ids) if ids is not None else tuple(range(len(values))))
+        if exact and len(values) != 1:
+            raise ValueError("an exact measurement is one value")
+        return Measurement(values, units, tuple(ids) if ids is not None else tuple(range(len(values))), exact)
 
     @property
     def mean(self) -> float:
@@ -66,6 +71,7 @@ class Estimate:
     n: int
     units: str
     paired: bool = True
+    exact: bool = False  # computed from exact values only: the interval is the value
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
@@ -87,13 +93,21 @@ def _t_interval(values: np.ndarray) -> tuple[float, float, float]:
 
 
 def mean_interval(m: Measurement) -> Estimate:
-    """The mean of a measurement with its Student-t 95% interval."""
+    """The mean of a measurement with its Student-t 95% interval (an exact value: itself)."""
+    if m.exact:
+        return Estimate(m.values[0], m.values[0], m.values[0], 1, m.units, exact=True)
     mean, low, high = _t_interval(np.asarray(m.values, dtype=np.float64))
     return Estimate(mean, low, high, len(m.values), m.units)
 
 
 def difference(high: Measurement, low: Measurement) -> Estimate:
-    """mean(high) - mean(low) with a 95% interval: paired over shared units, else Welch's."""
+    """mean(high) - mean(low) with a 95% interval: paired over shared units, else Welch's; a
+    difference involving an exact value has the other side's interval."""
+    if high.exact or low.exact:
+        h, l_ = mean_interval(high), mean_interval(low)
+        other = l_ if high.exact else h
+        return Estimate(h.value - l_.value, h.low - l_.high, h.high - l_.low, other.n, other.units,
+                        exact=high.exact and low.exact)
     a, b = np.asarray(high.values, dtype=np.float64), np.asarray(low.values, dtype=np.float64)
     if high.pairs_with(low):
         mean, lo, hi = _t_interval(a - b)
@@ -113,7 +127,7 @@ def difference(high: Measurement, low: Measurement) -> Estimate:
 def offset(m: Measurement, constant: float) -> Estimate:
     """mean(m) - constant with the interval of the mean."""
     e = mean_interval(m)
-    return Estimate(e.value - constant, e.low - constant, e.high - constant, e.n, e.units)
+    return Estimate(e.value - constant, e.low - constant, e.high - constant, e.n, e.units, exact=e.exact)
 
 
 def verdict_lower(gap: Estimate) -> str:
