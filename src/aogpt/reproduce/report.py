@@ -48,7 +48,7 @@ def curve_figure(plan: Plan, finding: Finding, out: Path) -> Path | None:
     panels = []
     for panel in finding.panels:
         runs = panel.runs or finding.runs
-        panels.append((panel.title, {RUNS[k].label: _mean_curves(plan, k, panel.metric) for k in runs}))
+        panels.append((panel.title, {finding.label(k): _mean_curves(plan, k, panel.metric) for k in runs}))
     return overlay(panels, out, title=finding.title)
 
 

@@ -122,7 +122,7 @@ def run_table(plan: Plan, finding: Finding) -> list[dict[str, Any]]:
     """Early and final validation losses (mean and interval) of the finding's runs."""
     rows = []
     for key in finding.runs:
-        row: dict[str, Any] = {"run": key, "label": RUNS[key].label, "order": RUNS[key].order}
+        row: dict[str, Any] = {"run": key, "label": finding.label(key), "order": RUNS[key].order}
         for metric in ("l2r", "any", "own"):
             if metric == "own" and not _fixed_other_order(RUNS[key].order):
                 continue
@@ -139,7 +139,7 @@ def run_table(plan: Plan, finding: Finding) -> list[dict[str, Any]]:
 
 def finding_result(plan: Plan, finding: Finding, lookup: Lookup) -> dict[str, Any]:
     """Checks, verdict and run table of one finding."""
-    labels = {k: RUNS[k].label for k in RUNS}
+    labels = {k: finding.label(k) for k in RUNS}
     checks = [judge(c, lookup, labels) for c in finding.checks]
     verdict = stats.combine([c["verdict"] for c in checks]) if checks else "measured (no claim to test)"
     return {"key": finding.key, "title": finding.title, "claim": finding.claim, "notes": finding.notes,

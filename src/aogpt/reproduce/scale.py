@@ -30,16 +30,16 @@ EMA_REFERENCE_STEPS = 50_000
 class Scale:
     name: str
     tokenizer: str = "bytes"
-    n_layer: int = 3
-    n_embd: int = 96
-    n_head: int = 3
-    block_size: int = 128
-    batch_size: int = 16
-    steps: int = 960
+    n_layer: int = 2
+    n_embd: int = 64
+    n_head: int = 2
+    block_size: int = 64
+    batch_size: int = 32
+    steps: int = 1800
     evals: int = 6  # validations per run, evenly spaced (the curves' points; runs interleave between them)
     eval_batches: int = 16
-    lr: float = 2e-3
-    min_lr: float = 2e-4
+    lr: float = 3e-3
+    min_lr: float = 3e-4
     warmup_steps: int = 30
     # Finding 6: context-order ensembles on held-out sequences
     ensemble_sequences: int = 64
@@ -50,7 +50,7 @@ class Scale:
     gen_samples: int = 48
     # Findings 7 / 8.1: the generation benchmark
     bench_batch: int = 8
-    bench_steps: tuple[int, ...] = (16, 32, 64, 128)
+    bench_steps: tuple[int, ...] = (8, 16, 32, 64)
     bench_repeats: int = 3
 
     @property
