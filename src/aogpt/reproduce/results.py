@@ -1,7 +1,7 @@
 """From what was measured to verdicts: the numbers behind every check of every finding.
 
-`measure` turns a `Quantity` into a `Measurement` (values per seed, or per evaluation batch /
-sequence / sample / timing round when one seed ran); `judge` applies the rule of
+`curve_measurement` and `analysis_measurement` turn a `Quantity` into a `Measurement` (values per
+seed, or per evaluation batch / sequence / sample / timing round when one seed ran); `judge` applies the rule of
 `aogpt.reproduce.stats` to a `Check`; `finding_result` gathers one finding's checks, its verdict and
 the table of its runs. Everything here reads files written by the runner and the analyses, so a
 report can be rebuilt at any time without training anything.
