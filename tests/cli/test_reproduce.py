@@ -52,7 +52,7 @@ def test_report_lists_every_finding_with_a_verdict(quick):
         for fig in finding["figures"]:
             assert (out / fig).is_file() and (out / fig).stat().st_size > 1000
     markdown = (out / "report.md").read_text()
-    assert "How verdicts are decided" in markdown and "Scale" in markdown
+    assert "How verdicts are decided" in markdown and "**Scale** (quick)" in markdown and "load average" in markdown
     for finding in report["findings"]:
         assert f"## {finding['title']}" in markdown and f"](#{finding['key']})" in markdown
 

@@ -38,3 +38,12 @@ def test_bad_options_are_refused_before_any_work(tmp_path, kwargs, fragment):
     with pytest.raises(AOGPTError, match=fragment):
         pipeline.reproduce(tmp_path / "out", **kwargs)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_directory_in_use_is_refused(tmp_path):
+    with pipeline.exclusive(tmp_path):
+        with pytest.raises(AOGPTError, match="another"):
+            with pipeline.exclusive(tmp_path):
+                pass
+    with pipeline.exclusive(tmp_path):  # released on exit
+        pass

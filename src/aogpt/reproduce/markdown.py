@@ -90,12 +90,17 @@ def _extra(f: dict[str, Any]) -> list[str]:
 
 def to_markdown(report: dict[str, Any]) -> str:
     s, m = report["scale"], report["machine"]
+    budget = (report.get("request") or {}).get("budget_minutes")
+    name = f"{s['name']}, steps fitted to a {budget:g}-minute budget on this machine" if budget else s["name"]
+    load = m.get("load_average")
+    threads = f"{m['threads']} thread" + ("s" if m["threads"] != 1 else "")
+    load_text = f"; load average {' / '.join(f'{x:.2f}' for x in load)} (1 / 5 / 15 minutes) at the end" if load else ""
     lines = ["# The paper's findings, reproduced at small scale", "",
-             f"**Scale** ({s['name']}): {s['description']}. Every model of a comparison has this size, the same "
-             "data (the bundled Shakespeare plays; the validation plays held out) and the same number of steps.",
-             f"**Seeds**: {', '.join(map(str, report['seeds']))}. **Machine**: {m['device']}, {m['threads']} threads "
+             f"**Scale** ({name}): {s['description']}. Every model of a comparison has this size, the same "
+             "data (the bundled Shakespeare plays; the validation plays held out) and the same number of steps.", "",
+             f"**Seeds**: {', '.join(map(str, report['seeds']))}. **Machine**: {m['device']}, {threads} "
              f"on {m['cpus']} CPUs, torch {m['torch']}; wall time {duration(report['wall_seconds'])} for this "
-             "invocation (reruns skip finished work).", "",
+             f"invocation (reruns skip finished work){load_text}.", "",
              f"**How verdicts are decided.** {report['rule']}", "", "## Summary", ""]
     rows = []
     for f in report["findings"]:
@@ -111,7 +116,7 @@ def to_markdown(report: dict[str, Any]) -> str:
         lines += [f'<a id="{f["key"]}"></a>', f"## {f['title']}", "", f"**Paper:** {f['claim']}", ""]
         if f.get("notes"):
             lines += [f"*Setup:* {f['notes']}", ""]
-        lines += [f"**Verdict: {MARK.get(f['verdict'], f['verdict'])}.**", ""]
+        lines += [f"**Verdict:** {MARK.get(f['verdict'], f['verdict'])}.", ""]
         if f["checks"]:
             lines += _table(["claim", "A", "A (mean [95%])", "B", "B (mean [95%])", "rule: estimate [95%]",
                              "units", "verdict"], [_check_row(c) for c in f["checks"]])

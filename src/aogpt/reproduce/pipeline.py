@@ -26,11 +26,30 @@ from aogpt.reproduce.scale import DEFAULT, QUICK, Scale
 PLAN_FILE = "plan.json"
 
 
+LOCK_FILE = ".lock"
+
+
 @contextlib.contextmanager
 def exclusive(out: Path) -> Iterator[None]:
-    """Everything `reproduce` does to DIR happens inside this block: the one place where an advisory
-    lock on the output directory belongs (two commands writing one DIR would corrupt its runs)."""
-    yield
+    """Hold an advisory lock on DIR while `reproduce` works in it: two commands writing one DIR would
+    train the same runs twice and interleave their checkpoints. The lock (`flock` on DIR/.lock) is
+    released by the operating system when the process ends, however it ends, so a killed command never
+    leaves DIR locked. Where `fcntl` does not exist (Windows) the directory is not locked."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on POSIX
+        yield
+        return
+    with open(out / LOCK_FILE, "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise AOGPTError(f"another `aogpt reproduce` is working in {out}",
+                             "wait for it to finish, or choose another --out") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def resolve_scale(out: Path, base: Scale, request: dict[str, Any], plan_for_budget: Any, data: Any) -> Scale:
