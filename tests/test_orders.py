@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
 from scipy import stats
 
 from aogpt.errors import AOGPTError
-from aogpt.orders import blockwise_order, check_permutation, is_left_to_right, make_order_sampler
+from aogpt.orders import (
+    ORDER_SPECS,
+    blockwise_order,
+    check_permutation,
+    decode_ranks,
+    inversions,
+    is_left_to_right,
+    make_order_sampler,
+    mallows_log_normalizer,
+)
 
 
 def draw(spec: str, batch: int = 4000, n: int = 6, seed: int = 0) -> torch.Tensor:
@@ -17,7 +28,8 @@ def draw(spec: str, batch: int = 4000, n: int = 6, seed: int = 0) -> torch.Tenso
 
 
 @pytest.mark.parametrize("spec", ["l2r", "uniform", "mixture", "mixture:0.5", "fixed-random:3", "blockwise",
-                                  "blockwise:3:7"])
+                                  "blockwise:3:7", "mallows:0.5", "mallows:0", "mallows:inf", "window:3",
+                                  "window:1000"])
 def test_every_row_is_a_permutation(spec):
     orders = draw(spec, batch=64, n=10)
     assert orders.shape == (64, 10) and torch.equal(check_permutation(orders, 10), orders)
@@ -68,7 +80,8 @@ def test_blockwise_structure_matches_the_paper_example():
             assert torch.equal(blocks[b], inner + b * k)
 
 
-@pytest.mark.parametrize("spec", ["mixture:2", "mixture:x", "blockwise:1", "l2r:3", "fixed-random:a", ""])
+@pytest.mark.parametrize("spec", ["mixture:2", "mixture:x", "blockwise:1", "l2r:3", "fixed-random:a", "", "mallows",
+                                  "mallows:-1", "mallows:nan", "mallows:1:2", "window", "window:0", "window:2.5"])
 def test_bad_specs_are_user_errors(spec):
     with pytest.raises(AOGPTError):
         make_order_sampler(spec)
@@ -91,3 +104,123 @@ def test_left_to_right_is_answered_for_specs_samplers_and_tensors():
 def test_explicit_orders_must_be_permutations_of_the_right_shape(bad):
     with pytest.raises(AOGPTError):
         check_permutation(bad, 3, rows=2)
+
+
+# ------------------------------------------------------------------ Mallows and window orders: exact laws
+def all_permutations(n: int) -> torch.Tensor:
+    return torch.tensor(list(itertools.permutations(range(n))))
+
+
+def empirical_counts(orders: torch.Tensor, perms: torch.Tensor) -> np.ndarray:
+    """How often each of `perms` occurs among `orders` (every order must be one of them)."""
+    n = perms.shape[1]
+    weights = n ** torch.arange(n - 1, -1, -1)
+    index = {int(k): i for i, k in enumerate((perms * weights).sum(1))}
+    keys = (orders * weights).sum(1).tolist()
+    return np.bincount([index[k] for k in keys], minlength=len(perms))
+
+
+def mallows_law(perms: torch.Tensor, theta: float) -> np.ndarray:
+    """exp(-theta inv) / Z with the closed-form normaliser."""
+    n = perms.shape[1]
+    return np.exp(-theta * inversions(perms).double().numpy() - mallows_log_normalizer(n, theta))
+
+
+def window_law(perms: torch.Tensor, width: int) -> np.ndarray:
+    """Enumerated law of window:W, computed independently of the sampler: a permutation is possible
+    iff every step reads one of the W leftmost unread positions; then its probability is
+    prod_t 1 / min(W, n - t)."""
+    n = perms.shape[1]
+    law = []
+    for perm in perms.tolist():
+        unread, p = list(range(n)), 1.0
+        for t, pos in enumerate(perm):
+            allowed = unread[:width]
+            if pos not in allowed:
+                p = 0.0
+                break
+            p /= min(width, n - t)
+            unread.remove(pos)
+        law.append(p)
+    return np.array(law)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 7])
+@pytest.mark.parametrize("theta", [0.0, 0.3, 1.7])
+def test_mallows_normaliser_is_the_sum_over_all_permutations(n, theta):
+    brute = torch.logsumexp(-theta * inversions(all_permutations(n)).double(), 0).item()
+    assert mallows_log_normalizer(n, theta) == pytest.approx(brute, rel=1e-12, abs=1e-12)
+
+
+def test_inversions_count_pairs_against_the_text():
+    assert inversions(torch.tensor([[0, 1, 2, 3], [3, 2, 1, 0], [1, 0, 3, 2]])).tolist() == [0, 6, 2]
+
+
+def test_decode_ranks_is_a_bijection_onto_the_permutations():
+    n = 4
+    codes = torch.tensor(list(itertools.product(*[range(n - t) for t in range(n)])))
+    orders = decode_ranks(codes)
+    assert len({tuple(o) for o in orders.tolist()}) == math.factorial(n)
+    assert torch.equal(inversions(orders), codes.sum(1))  # a rank vector is the Lehmer code
+
+
+@pytest.mark.parametrize("theta", [0.0, 0.7, 2.0])
+def test_mallows_law_matches_the_closed_form(theta):
+    n, batch = 4, 48000
+    perms = all_permutations(n)
+    counts = empirical_counts(draw(f"mallows:{theta}", batch=batch, n=n, seed=11), perms)
+    expected = mallows_law(perms, theta) * batch
+    assert stats.chisquare(counts, expected).pvalue > 1e-3
+    if theta > 0:  # power: the same draws clearly reject a nearby wrong dispersion
+        wrong = mallows_law(perms, theta * 1.25) * batch
+        assert stats.chisquare(counts, wrong).pvalue < 1e-6
+
+
+def test_mallows_extremes_and_mean_inversions():
+    n = 12
+    assert torch.equal(draw("mallows:inf", batch=50, n=n), torch.arange(n).expand(50, n))
+    assert torch.equal(draw("mallows:60", batch=50, n=n), torch.arange(n).expand(50, n))
+    # E[inv] in closed form: sum over the Lehmer code of truncated geometric means
+    theta, batch = 0.4, 20000
+    q = math.exp(-theta)
+    mean = sum(sum(k * q**k for k in range(m)) / sum(q**k for k in range(m)) for m in range(1, n + 1))
+    inv = inversions(draw(f"mallows:{theta}", batch=batch, n=n, seed=5)).double()
+    assert abs(inv.mean().item() - mean) < 5 * inv.std().item() / math.sqrt(batch)
+    tiny = inversions(draw("mallows:1e-9", batch=batch, n=n, seed=6)).double().mean().item()
+    assert abs(tiny - n * (n - 1) / 4) < 0.3  # theta -> 0 is uniform: n(n-1)/4 inversions on average
+
+
+@pytest.mark.parametrize("width", [2, 3])
+def test_window_law_matches_its_enumeration(width):
+    n, batch = 5, 40000
+    perms = all_permutations(n)
+    law = window_law(perms, width)
+    counts = empirical_counts(draw(f"window:{width}", batch=batch, n=n, seed=3), perms)
+    support = law > 0
+    assert counts[~support].sum() == 0  # nothing outside the window's reach
+    assert stats.chisquare(counts[support], law[support] * batch).pvalue > 1e-3
+    # power: a slightly biased sampler (ranks skewed towards the leftmost position) is rejected
+    u = torch.rand(batch, n, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    skewed = decode_ranks(torch.floor(u**1.15 * torch.arange(n, 0, -1).clamp(max=width)).long())
+    biased = empirical_counts(skewed, perms)
+    assert biased[~support].sum() == 0
+    assert stats.chisquare(biased[support], law[support] * batch).pvalue < 1e-6
+
+
+def test_window_extremes():
+    n = 9
+    assert torch.equal(draw("window:1", batch=20, n=n), torch.arange(n).expand(20, n))
+    perms = all_permutations(4)
+    counts = empirical_counts(draw("window:4", batch=24000, n=4, seed=2), perms)
+    assert stats.chisquare(counts).pvalue > 1e-3  # W >= n is uniform
+    order = draw("window:3", batch=5000, n=30, seed=4)
+    early = (order - torch.arange(30)).max().item()  # how far ahead of its left-to-right turn a position is read
+    late = (torch.arange(30) - order).max().item()
+    assert early == 2 and late > 2  # at most W - 1 steps early, but a position may wait longer
+
+
+def test_new_specs_are_listed_and_named():
+    assert "mallows:THETA" in ORDER_SPECS and "window:W" in ORDER_SPECS
+    assert make_order_sampler("mallows:0.50").spec == "mallows:0.5"
+    assert make_order_sampler("window:08").spec == "window:8"
+    assert not make_order_sampler("mallows:1").is_fixed and not is_left_to_right("window:4")

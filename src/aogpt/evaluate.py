@@ -92,8 +92,9 @@ OrderArg = str | OrderSampler | torch.Tensor | list
 
 def resolve_order(order: OrderArg) -> OrderSampler | torch.Tensor:
     """An eval order: an `aogpt.orders` spec (``random``/``uniform``: the any-order bound; ``l2r``,
-    ``mixture[:P]``, ``fixed-random[:SEED]``, ``blockwise[:K]``...), a sampler, or explicit orders
-    (n,) / (N, n) (returned as a tensor; checked against the data's length when it is seen)."""
+    ``mixture[:P]``, ``fixed-random[:SEED]``, ``blockwise[:K]``, ``mallows:THETA``, ``window:W``...), a
+    sampler, or explicit orders (n,) / (N, n) (returned as a tensor; checked against the data's length
+    when it is seen)."""
     if isinstance(order, (str, OrderSampler)):
         return make_order_sampler(order)
     try:

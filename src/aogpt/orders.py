@@ -16,6 +16,24 @@ and `aogpt sample --order`):
 - ``blockwise[:K[:SEED]]``: blocks of K positions (default 4) left to right, and inside every block
   one fixed non-identity permutation (K = 4 without SEED uses the paper's 0->2->3->1). A last,
   shorter block uses the same permutation restricted to its positions.
+- ``mallows:THETA``: Mallows permutations around the identity, P(sigma) = exp(-THETA * inv(sigma)) / Z,
+  inv = the number of inversions (pairs read against the text's direction). THETA = 0 is uniform,
+  ``inf`` (or a large THETA) is left to right; in between, "left to right with local shuffles" whose
+  size shrinks like 1/THETA.
+- ``window:W``: a sliding window over the unread positions: each step reads a position drawn
+  uniformly from the W leftmost positions not yet read (all of them when fewer remain). W = 1 is
+  left to right, W >= n uniform; a position is read at most W - 1 steps before its left-to-right
+  turn (it may wait longer). Every order the window can reach is equally likely: its probability is
+  prod_t 1 / min(W, n - t), which depends on n and W only.
+
+Mallows and window orders (and uniform ones) are drawn *step by step*: at step t the order takes the
+r_t-th leftmost position not yet read, with independent ranks r_t (`decode_ranks`). For window:W,
+r_t is uniform on {0 .. min(W, n - t) - 1}. For Mallows, r_t is a truncated geometric,
+P(r_t = k) proportional to exp(-THETA * k) on {0 .. n - t - 1}: the rank vector is the order's Lehmer
+code, whose sum is inv(sigma), so the product of the step probabilities is exactly
+exp(-THETA * inv(sigma)) / Z with Z = prod_{i=1..n} (1 - e^(-THETA i)) / (1 - e^(-THETA)). This is the
+repeated-insertion method read backwards (inverting a permutation keeps its inversion count), and it
+is exact: no Markov chain, no rejection.
 
 Generation also accepts the *adaptive* orders ``confidence``, ``margin`` and ``entropy`` (`ADAPTIVE`,
 `is_adaptive`): the model chooses the next positions while decoding, from its own distribution
@@ -29,6 +47,8 @@ right is answered by `is_left_to_right`, for specs, samplers and tensors alike.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from aogpt.errors import AOGPTError
@@ -37,8 +57,11 @@ from aogpt.validation import SEED_MAX, Range
 _SEED = Range(ge=0, le=SEED_MAX, integer=True)
 _BLOCK = Range(ge=2, le=2**20, integer=True)
 _PROBABILITY = Range(ge=0, le=1)
+_DISPERSION = Range(ge=0, le=1e6)  # exp(-1e6) underflows: larger is left to right; "inf" is accepted too
+_WIDTH = Range(ge=1, le=2**20, integer=True)
 
-ORDER_SPECS = ("l2r", "uniform", "mixture[:P]", "fixed-random[:SEED]", "blockwise[:K[:SEED]]")
+ORDER_SPECS = ("l2r", "uniform", "mixture[:P]", "fixed-random[:SEED]", "blockwise[:K[:SEED]]", "mallows:THETA",
+               "window:W")
 ALIASES = {"random": "uniform"}  # generation's and evaluation's historical name for uniform orders
 ADAPTIVE = ("confidence", "margin", "entropy")  # chosen by the model while generating
 
@@ -156,7 +179,82 @@ def _arg(spec: str, what: str, bounds: Range, text: str) -> int | float:
 
 
 ORDER_EXAMPLES = {"mixture": "mixture:0.1", "fixed-random": "fixed-random:7",
-                  "blockwise": "blockwise:4 or blockwise:8:3"}
+                  "blockwise": "blockwise:4 or blockwise:8:3", "mallows": "mallows:1 (0: uniform, inf: l2r)",
+                  "window": "window:8"}
+
+def decode_ranks(ranks: torch.Tensor) -> torch.Tensor:
+    """Orders (B, n) from rank vectors (B, n): step t reads the ``ranks[:, t]``-th leftmost position
+    not yet read (0-based; each rank must be below n - t). A rank vector is a permutation's Lehmer
+    code, so this is a bijection between {0..n-1} x {0..n-2} x ... x {0} and the permutations."""
+    B, n = ranks.shape
+    unread = torch.ones(B, n, dtype=torch.bool, device=ranks.device)
+    out = torch.empty(B, n, dtype=torch.long, device=ranks.device)
+    rows = torch.arange(B, device=ranks.device)
+    for t in range(n):  # n small steps, each over the whole batch at once
+        nth_unread = unread.cumsum(1) == ranks[:, t:t + 1] + 1
+        pick = (nth_unread & unread).to(torch.uint8).argmax(1)
+        out[:, t] = pick
+        unread[rows, pick] = False
+    return out
+
+
+def mallows_ranks(batch: int, n: int, theta: float, device: torch.device | str = "cpu",
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+    """Independent truncated geometric ranks, P(r_t = k) proportional to exp(-theta k) on
+    {0 .. n - t - 1}, by inverting the CDF in float64: r = floor(log1p(U (e^(-theta m) - 1)) / -theta)
+    with m = n - t choices (-> floor(U m) as theta -> 0)."""
+    u = torch.rand(batch, n, device=device, generator=generator, dtype=torch.float64)
+    choices = torch.arange(n, 0, -1, device=device, dtype=torch.float64)  # m = n - t
+    if theta == 0.0:
+        ranks = torch.floor(u * choices)
+    elif math.isinf(theta):
+        ranks = torch.zeros_like(u)
+    else:
+        ranks = torch.floor(torch.log1p(u * torch.expm1(-theta * choices)) / -theta)
+    return torch.minimum(ranks.clamp_(min=0), choices - 1).long()
+
+
+def mallows_log_normalizer(n: int, theta: float) -> float:
+    """log Z(n, theta) = sum_{i=1..n} log((1 - e^(-theta i)) / (1 - e^(-theta))), so that
+    P(sigma) = exp(-theta inv(sigma)) / Z; log n! at theta = 0."""
+    if theta == 0.0:
+        return math.lgamma(n + 1)
+    if math.isinf(theta):
+        return 0.0
+    return sum(math.log(-math.expm1(-theta * i)) - math.log(-math.expm1(-theta)) for i in range(1, n + 1))
+
+
+def inversions(order: torch.Tensor) -> torch.Tensor:
+    """inv(sigma) per row: pairs s < t with order[s] > order[t] (positions read against the text)."""
+    return (order[..., :, None] > order[..., None, :]).triu(diagonal=1).sum((-2, -1))
+
+
+class Mallows(OrderSampler):
+    """Mallows permutations around the identity (module docstring): exact, step-by-step ranks."""
+
+    def __init__(self, theta: float):
+        if math.isnan(theta) or theta < 0:
+            raise AOGPTError(f"Mallows dispersion {theta} must be >= 0", "use e.g. mallows:1 (0: uniform, inf: l2r)")
+        self.theta = theta
+        self.spec = f"mallows:{theta:g}"
+
+    def sample(self, batch, n, device="cpu", generator=None):
+        return decode_ranks(mallows_ranks(batch, n, self.theta, device, generator))
+
+
+class Window(OrderSampler):
+    """Each step reads a uniformly drawn one of the W leftmost unread positions (module docstring)."""
+
+    def __init__(self, width: int):
+        if width < 1:
+            raise AOGPTError(f"window width {width} must be at least 1", "use e.g. window:8")
+        self.width = width
+        self.spec = f"window:{width}"
+
+    def sample(self, batch, n, device="cpu", generator=None):
+        u = torch.rand(batch, n, device=device, generator=generator, dtype=torch.float64)
+        choices = torch.arange(n, 0, -1, device=device, dtype=torch.float64).clamp(max=self.width)
+        return decode_ranks(torch.floor(u * choices).long())
 
 
 def make_order_sampler(spec: str) -> OrderSampler:
@@ -185,6 +283,11 @@ def make_order_sampler(spec: str) -> OrderSampler:
             block_permutation(k, seed)  # validate now, not at the first batch
             label = f"blockwise:{k}" + (f":{seed}" if seed is not None else "")
             return Fixed(label, lambda n: blockwise_order(n, k, seed))
+        if name == "mallows" and len(args) == 1:
+            inf = args[0].strip().lower() in ("inf", "infinity")
+            return Mallows(math.inf if inf else float(_arg(spec, "dispersion", _DISPERSION, args[0])))
+        if name == "window" and len(args) == 1:
+            return Window(int(_arg(spec, "window width", _WIDTH, args[0])))
     except ValueError:
         pass
     raise AOGPTError(f"unknown order spec {spec!r}", f"use one of: {', '.join(ORDER_SPECS)}")
@@ -214,4 +317,4 @@ def is_left_to_right(order: str | OrderSampler | torch.Tensor | None) -> bool:
     if isinstance(order, torch.Tensor):
         return bool((order == torch.arange(order.shape[-1], device=order.device)).all())
     spec = order.spec if isinstance(order, OrderSampler) else ALIASES.get(order, order)
-    return spec == LeftToRight.spec
+    return spec in (LeftToRight.spec, "mallows:inf", "window:1")

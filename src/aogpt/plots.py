@@ -63,14 +63,15 @@ def plot_loss_curves(metrics_path: Path, out_png: Path, title: str = "") -> Path
     def draw(ax: Any) -> None:
         if train:
             ax.plot(*zip(*train, strict=True), lw=0.8, alpha=0.6, color="0.5", label="train (sampled orders)")
-        styles = {"l2r": "-", "any": "--"}
+        styles = {"l2r": "-", "any": "--", "own": "-."}
+        names = {"l2r": "left-to-right", "any": "any-order", "own": "own order"}
         colors = {"raw": "tab:blue", "ema": "tab:red"}
         keys = sorted({k for r in evals for k in r if k.startswith("val/")})
         for key in keys:
             _, kind, weights = key.split("/")
             pts = [(r["step"], r[key]) for r in evals if key in r]
             ax.plot(*zip(*pts, strict=True), styles.get(kind, ":"), marker="o", ms=3, color=colors.get(weights),
-                    label=f"val {'left-to-right' if kind == 'l2r' else 'any-order'} ({weights})")
+                    label=f"val {names.get(kind, kind)} ({weights})")
         ax.set_xlabel("step")
         ax.set_ylabel("loss (nats / token)")
         ax.set_title(title or "loss")

@@ -44,6 +44,8 @@ BASES = {  # an invocation that is valid on its own; the random options are adde
                           "--k", "2", "--out", "{t}/b", "--no-progress"],
     "bench adaptive": ["bench", "adaptive", "--quick", "--no-text", "--out", "{t}/b", "--work", "{t}/w",
                        "--no-progress"],
+    "reproduce": ["reproduce", "--quick", "--out", "{t}/rep", "--no-progress"],
+    "compare": ["compare", "{run}", "{run}", "--out", "{t}/cmp"],
     "harness": ["harness", "--checkpoint", "{run}", "--tasks", "aogpt_last_word", "--include-path", "{harness}"],
     "import": ["import", str(FIXTURE), "--out", "{t}/imported"],
     "export": ["export", "{run}", "--out", "{t}/x.pt"],
@@ -71,6 +73,7 @@ STAND_INS = [  # where each command's work begins, after every check
     "aogpt.bench.prepare.synthetic_corpus",
     "aogpt.bench.speculative.bench_speculative",
     "aogpt.bench.adaptive.bench_adaptive",
+    "aogpt.reproduce.pipeline.prepare_data",
     "aogpt.hf.harness.AOGPTLM",
 ]
 

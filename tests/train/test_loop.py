@@ -39,3 +39,23 @@ def test_training_reduces_the_loss_on_learnable_data():
     summary = Trainer(mc, tc, Pattern(16), None, show_progress=False).fit()
     assert summary["val/l2r/raw"] < 0.65 * math.log(16)
     assert summary["val/any/raw"] < 0.65 * math.log(16)
+
+
+def test_training_in_pieces_equals_one_uninterrupted_run(tmp_path):
+    """fit(until=...) stops early with a validation and a checkpoint; a new trainer resuming from it
+    continues the same run (same schedule, same streams): the metrics equal an uninterrupted run's."""
+    from tests.train.runs import records
+
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "pieces").mkdir()
+    whole = make(tmp_path / "whole", max_steps=12, eval_interval=4, ckpt_interval=100)
+    whole.fit()
+    first = make(tmp_path / "pieces", max_steps=12, eval_interval=4, ckpt_interval=100)
+    summary = first.fit(until=4)
+    assert summary["step"] == 4 and summary["stopped_by"] == "until"
+    for stop in (8, 12):
+        piece = make(tmp_path / "pieces", max_steps=12, eval_interval=4, ckpt_interval=100)
+        piece.resume(list_checkpoints(tmp_path / "pieces")[-1])
+        last = piece.fit(until=stop)
+    assert last["stopped_by"] == "max_steps" and last["step"] == 12
+    assert records(tmp_path / "whole") == records(tmp_path / "pieces")

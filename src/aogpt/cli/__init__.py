@@ -13,7 +13,7 @@ import sys
 
 from aogpt.errors import AOGPTError
 
-COMMANDS = ["prepare", "train", "sample", "eval", "bench", "convert", "harness"]
+COMMANDS = ["prepare", "train", "sample", "eval", "bench", "convert", "harness", "compare", "reproduce"]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -36,7 +36,8 @@ def add_parser(subparsers: Any) -> None:
                    help="read the suites from local files here instead of the Hugging Face hub")
     p.add_argument("--order", default="l2r",
                    help="l2r (exact AR likelihood), random (any-order bound, K draws) or an order spec "
-                   "(mixture, fixed-random:SEED, blockwise:K); comma-separated for several (default l2r)")
+                   "(mixture, fixed-random:SEED, blockwise:K, mallows:THETA, window:W); comma-separated for several "
+                   "(default l2r)")
     p.add_argument("--num-orders", "-K", type=int_arg(ge=1, le=10_000), default=4, metavar="K",
                    help="independent draws of random orders, for the mean and its error bar (default 4)")
     p.add_argument("--ensemble", "-M", type=int_arg(ge=1, le=1024), default=1, metavar="M",

@@ -47,8 +47,9 @@ def add_parser(subparsers: Any) -> None:
                    "replaces --steps/--policy")
     p.add_argument("--order", default=None,
                    help="unmasking order: random (default; = uniform), l2r, another order spec (blockwise:4, "
-                   "fixed-random:SEED, mixture:P, ...), a comma-separated permutation of positions, or chosen by "
-                   "the model while decoding: confidence, margin, entropy (most sure positions first)")
+                   "fixed-random:SEED, mixture:P, mallows:THETA, window:W, ...), a comma-separated permutation of "
+                   "positions, or chosen by the model while decoding: confidence, margin, entropy (most sure "
+                   "positions first)")
     p.add_argument("--candidates", type=config_arg(DecodePlan, "candidates"), default=None, metavar="C",
                    help="adaptive orders: score a random subset of C remaining positions per step (default: all)")
     p.add_argument("--threshold", type=config_arg(DecodePlan, "threshold"), default=None, metavar="P",

@@ -32,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--order",
         help="order distribution: l2r, uniform, mixture[:P], fixed-random[:SEED], "
-        "blockwise[:K[:SEED]] (default per variant)",
+        "blockwise[:K[:SEED]], mallows:THETA, window:W (default per variant)",
     )
     p.add_argument("--max-steps", type=config_arg(TrainConfig, "max_steps"),
                    help="optimizer steps; the cosine schedule ends here")
@@ -110,7 +110,7 @@ def _print_summary(s: dict[str, Any]) -> None:
     )
     for key in sorted(k for k in s if k.startswith("val/")):
         _, kind, weights = key.split("/")
-        label = "left-to-right" if kind == "l2r" else "any-order"
+        label = {"l2r": "left-to-right", "any": "any-order", "own": "own order"}.get(kind, kind)
         print(f"  {label:>13} {weights:>3}: loss {s[key]:.4f}  perplexity {math.exp(min(s[key], 50)):.2f}")
     print(f"checkpoint: {s['checkpoint']}")
     if s.get("plot"):

@@ -41,20 +41,28 @@ def stop_on_signals(t: Trainer) -> Iterator[None]:
             signal.signal(s, handler)
 
 
-def fit(t: Trainer) -> dict[str, Any]:
-    """Train until max_steps (or max_minutes, or a signal), then validate and checkpoint."""
-    with stop_on_signals(t), progress(total=t.cfg.max_steps, desc="train", disable=not t.show_progress,
+def fit(t: Trainer, until: int | None = None) -> dict[str, Any]:
+    """Train until max_steps (or max_minutes, or a signal), then validate and checkpoint.
+
+    until: stop after this step instead (at most max_steps; the learning-rate schedule still spans
+    max_steps), so a run can be trained in pieces: each piece ends with a validation and a
+    checkpoint (loss.png is drawn when the run ends), and resuming from it continues exactly where
+    it stopped."""
+    stop_at = t.cfg.max_steps if until is None else min(until, t.cfg.max_steps)
+    with stop_on_signals(t), progress(total=stop_at, desc="train", disable=not t.show_progress,
                                       initial=t.step, unit="step") as bar:
-        last = train_steps(t, bar)
+        last = train_steps(t, bar, stop_at)
     final_eval = t.evaluate()
     if t.step % t.cfg.eval_interval == 0 or t.step == t.cfg.max_steps:
         t.log({"kind": "eval", "step": t.step, **final_eval})  # off the cadence only in the summary, so
         # metrics.jsonl of a run stopped early and resumed equals that of an uninterrupted run
     ckpt = t.save()
-    plot = t.plot()
+    stopped_by = t._stop_signal or ("time" if t.step < stop_at else "max_steps" if stop_at == t.cfg.max_steps
+                                    else "until")
+    plot = t.plot() if stopped_by != "until" else None  # a piece of a longer run: plotted when the run ends
     return {
         "step": t.step,
-        "stopped_by": t._stop_signal or ("time" if t.step < t.cfg.max_steps else "max_steps"),
+        "stopped_by": stopped_by,
         "train_loss": last.loss if last else None,
         **final_eval,
         "tokens_seen": t.tokens_seen,
@@ -67,20 +75,22 @@ def fit(t: Trainer) -> dict[str, Any]:
     }
 
 
-def train_steps(t: Trainer, bar: Any) -> StepResult | None:
-    """The steps, with train records every `log_interval`, validation every `eval_interval` and
-    checkpoints every `ckpt_interval`; the last step's result (None if none ran)."""
+def train_steps(t: Trainer, bar: Any, stop_at: int | None = None) -> StepResult | None:
+    """The steps up to `stop_at` (default max_steps), with train records every `log_interval`,
+    validation every `eval_interval` and checkpoints every `ckpt_interval`; the last step's result
+    (None if none ran)."""
     cfg, window, last = t.cfg, t.window, None
     window.restart_clock()
-    while t.step < cfg.max_steps:
+    stop_at = cfg.max_steps if stop_at is None else stop_at
+    while t.step < stop_at:
         t0 = time.perf_counter()
         last = t.train_step()
         t.train_seconds += time.perf_counter() - t0
         window.add(last.loss, t.tokens_per_step)
         bar.update(1)
-        if t.step % cfg.log_interval == 0 or t.step == cfg.max_steps:
+        if t.step % cfg.log_interval == 0 or t.step == stop_at:
             log_window(t, window, last, bar)
-        if should_stop(t) or t.step == cfg.max_steps:
+        if should_stop(t) or t.step == stop_at:
             break
         if t.step % cfg.eval_interval == 0:
             t.log({"kind": "eval", "step": t.step, **t.evaluate()})

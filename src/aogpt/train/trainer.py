@@ -141,6 +141,6 @@ class Trainer:
         return self.metrics.plot(f"{self.model_cfg.variant} ({self.cfg.order})")
 
     # ------------------------------------------------------------------ the loop
-    def fit(self) -> dict[str, Any]:
-        """Train until max_steps (or max_minutes, or a signal), then validate and checkpoint."""
-        return loop.fit(self)
+    def fit(self, until: int | None = None) -> dict[str, Any]:
+        """Train until max_steps (or step `until`, max_minutes or a signal), then validate and checkpoint."""
+        return loop.fit(self, until)

@@ -2,14 +2,19 @@
 
 For each set of weights (raw and EMA): the left-to-right loss, and, for families that read any
 order, the any-order loss under uniform orders drawn from a generator re-seeded with
-`eval_orders_seed` (the same orders every time). The losses are the family's
+`eval_orders_seed` (the same orders every time). A run trained on one fixed order other than left
+to right (``fixed-random``, ``blockwise``) is also scored in that order (``val/own/<weights>``): the
+loss it actually learns, which neither of the other two measures. The losses are the family's
 (`ModelFamily.validation_losses`); under DDP the batches are split over the ranks and summed.
+
+Every call also keeps the loss of each validation batch (`Validation.per_batch`, this rank's
+batches): the spread over batches gives error bars to whoever compares runs (`aogpt.reproduce`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -17,7 +22,7 @@ from torch import nn
 from aogpt.config import TrainConfig
 from aogpt.errors import AOGPTError
 from aogpt.families import ModelFamily
-from aogpt.orders import make_order_sampler
+from aogpt.orders import is_left_to_right, make_order_sampler
 from aogpt.train import distributed
 from aogpt.train.sources import BatchSource
 from aogpt.train.step import autocast
@@ -34,35 +39,56 @@ class Validation:
     info: distributed.DistInfo
     device: torch.device
     amp: torch.dtype | None
+    per_batch: dict[str, list[float]] = field(default_factory=dict)  # key -> loss per token of each batch
+
+    @property
+    def own_order(self) -> bool:
+        """Whether the run's training order is one fixed order other than left to right (scored when
+        one order costs one pass)."""
+        sampler = make_order_sampler(self.cfg.order)
+        return (self.family.any_order and self.family.one_pass_nll and sampler.is_fixed
+                and not is_left_to_right(sampler))
 
     @torch.no_grad()
     def __call__(self, models: Mapping[str, nn.Module]) -> dict[str, float]:
-        """`val/l2r/<weights>` (and `val/any/<weights>` for any-order families) for each model."""
+        """`val/l2r/<weights>` (`val/any/<weights>` for any-order families, `val/own/<weights>` for a
+        fixed training order) for each model."""
         results: dict[str, float] = {}
+        self.per_batch = {}
+        kinds = ["l2r"] + (["any"] if self.family.any_order else []) + (["own"] if self.own_order else [])
         for weights, model in models.items():
-            l2r, anyo, tokens = self._sums(model).tolist()
+            sums, batches = self._sums(model)
+            tokens = float(sums[3])
             if tokens == 0:
                 raise AOGPTError("the validation split gave no batches", "prepare more validation data")
-            results[f"val/l2r/{weights}"] = l2r / tokens
-            if self.family.any_order:
-                results[f"val/any/{weights}"] = anyo / tokens
+            column = {"l2r": 0, "any": 1, "own": 2}
+            for kind in kinds:
+                results[f"val/{kind}/{weights}"] = float(sums[column[kind]]) / tokens
+                self.per_batch[f"val/{kind}/{weights}"] = [b[column[kind]] / b[3] for b in batches]
         return results
 
-    def _sums(self, model: nn.Module) -> torch.Tensor:
-        """Summed left-to-right loss, any-order loss and token count over all ranks (float64)."""
+    def _sums(self, model: nn.Module) -> tuple[torch.Tensor, list[list[float]]]:
+        """Summed left-to-right loss, any-order loss, own-order loss and token count over all ranks
+        (float64), and the same four sums for each of this rank's batches."""
         model.eval()
-        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # l2r, any, tokens
+        sums = torch.zeros(4, dtype=torch.float64, device=self.device)  # l2r, any, own, tokens
         order_gen = torch.Generator(self.device).manual_seed(self.cfg.eval_orders_seed)
+        own = make_order_sampler(self.cfg.order) if self.own_order else None
+        per_batch = []
         batches = self.data.iter_eval_batches("val", self.cfg.batch_size, self.block_size, self.cfg.eval_batches)
         for i, idx in enumerate(batches):
             order = make_order_sampler("uniform").sample(idx.shape[0], idx.shape[1], self.device, order_gen)
             if i % self.info.world_size != self.info.rank:
                 continue
             idx = idx.to(self.device)
+            zero = torch.zeros((), device=self.device)
             with autocast(self.device, self.amp):
                 l2r, anyo = self.family.validation_losses(model, idx, order)
-                anyo = torch.zeros((), device=self.device) if anyo is None else anyo
-            sums += torch.stack(
-                [l2r.double(), anyo.double(), torch.tensor(idx.numel(), device=self.device, dtype=torch.float64)]
-            )
-        return distributed.all_reduce_sum(sums, self.info)
+                anyo = zero if anyo is None else anyo
+                own_loss = zero if own is None else self.family.order_nll(
+                    model, idx, own.sample(idx.shape[0], idx.shape[1], self.device)).sum()
+            batch = torch.stack([l2r.double(), anyo.double(), own_loss.double(),
+                                 torch.tensor(idx.numel(), device=self.device, dtype=torch.float64)])
+            per_batch.append(batch.tolist())
+            sums += batch
+        return distributed.all_reduce_sum(sums, self.info), per_batch

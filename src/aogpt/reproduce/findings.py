@@ -1,0 +1,280 @@
+"""The paper's findings as data: which runs each needs, what is compared, and the paper's claim.
+
+Nothing here computes anything. A `Finding` lists the training runs it needs (`RUNS`, shared between
+findings: the left-to-right run serves Findings 1 and 2 and the order sweep), the analyses it needs
+beyond training curves (ensembles, generation perplexity, the speed benchmark), the curves to
+overlay, and its `Check`s: claims of the form "A is lower than B" or "A is within a margin of B",
+each decided from the measured numbers by the rule in `aogpt.reproduce.stats`.
+
+Quantities: a validation curve of a run (``l2r``: left-to-right loss, ``any``: any-order loss under
+uniform orders, ``own``: the loss in the run's own fixed order) at a stage (``early``: the mean of the
+evaluations in the first half of training, the paper's "convergence speed"; ``final``: the last
+evaluation), a number from an analysis, or a constant. All curves are of the weights the run is
+judged by: the EMA weights (equal to the raw weights for runs without EMA).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The paper's EMA decays; each run scales them to its length (`aogpt.reproduce.scale.ema_decay`).
+EMA_DECAYS = ("none", "0.99", "0.999", "0.9999")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run: model family, target-position injection (None: the family's own), training
+    order and EMA (one of `EMA_DECAYS`). Every run of a command has the same size, data and steps."""
+
+    key: str
+    label: str
+    variant: str = "sigma"
+    order: str = "mixture:0.1"
+    target: str | None = None
+    ema: str = "0.9999"
+
+
+def _runs(*specs: RunSpec) -> dict[str, RunSpec]:
+    return {s.key: s for s in specs}
+
+
+MALLOWS_THETAS = (0.03, 0.1, 0.3, 1.0)
+
+# The decoder of the order studies is the sigma-GPT block stack (the target position added at the
+# input), trained with AO-GPT's EMA: at CPU scale the AO-GPT blocks, whose adaLN starts at zero,
+# stay on the unigram plateau under any-order training for well over a thousand steps (the
+# "aogpt-blocks" run of Fig. 7 shows it in every report), while these learn within a few hundred.
+RUNS: dict[str, RunSpec] = _runs(
+    # one decoder under different training orders, with the AO-GPT recipe's EMA
+    RunSpec("l2r", "left to right (GPT)", order="l2r"),
+    RunSpec("uniform", "uniform orders (any order)", order="uniform"),
+    RunSpec("mixture", "uniform + 10% left to right (AO-GPT's orders)", order="mixture:0.1"),
+    RunSpec("fixed-random", "one fixed random order", order="fixed-random:0"),
+    RunSpec("blockwise", "fixed block-wise (0->2->3->1)", order="blockwise:4"),
+    *(RunSpec(f"mallows-{t:g}", f"Mallows theta={t:g}", order=f"mallows:{t:g}") for t in MALLOWS_THETAS),
+    # EMA ablation of the AO-GPT recipe (the 0.9999 run is "mixture")
+    *(RunSpec(f"mixture-ema-{d}", f"EMA {d}", order="mixture:0.1", ema=d) for d in ("none", "0.99", "0.999")),
+    # uniform orders without EMA: target-position injection (Fig. 7) and adaLN x EMA (Fig. 9; sigma-GPT
+    # with EMA is the "uniform" run: the same blocks, orders and seed)
+    *(RunSpec(f"sigma-{t}", f"sigma-GPT, target {t}", order="uniform", target=t, ema="none")
+      for t in ("input", "input-concat", "every-block", "per-block", "adaln")),
+    RunSpec("aogpt-blocks", "AO-GPT blocks (adaLN, RMSNorm, QK-norm)", variant="aogpt", order="uniform", ema="none"),
+    RunSpec("sigma-adaln-ema", "sigma-GPT + adaLN + EMA", order="uniform", target="adaln"),
+    # the encoder-only masked diffusion model, same size, same recipe
+    RunSpec("encoder", "encoder-only MDM", variant="encoder-mdm", order="uniform"),
+)
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """What a check compares: a run's curve (`source` "curve": `run`, `metric`, `stage`), a number
+    an analysis measured (`source` = the analysis, `metric` = its key), or a constant."""
+
+    source: str
+    metric: str = ""
+    run: str = ""
+    stage: str = "final"
+    value: float = 0.0
+
+    def label(self, labels: dict[str, str]) -> str:
+        if self.source == "const":
+            return f"{self.value:g}"
+        if self.source == "curve":
+            what = {"l2r": "left-to-right", "any": "any-order", "own": "own-order"}[self.metric]
+            return f"{labels.get(self.run, self.run)}: {what} loss ({self.stage})"
+        return self.metric
+
+
+def curve(run: str, metric: str, stage: str = "final") -> Quantity:
+    return Quantity("curve", metric, run, stage)
+
+
+def value(analysis: str, key: str) -> Quantity:
+    return Quantity(analysis, key)
+
+
+def const(x: float) -> Quantity:
+    return Quantity("const", value=x)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One claim: `a` lower than `b` (rule "lower"), or `a` at most `margin` above `b` ("within")."""
+
+    claim: str
+    a: Quantity
+    b: Quantity
+    rule: str = "lower"
+    margin: float = 0.0
+    unit: str = "nats/token"
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One plot panel: a curve metric of the finding's runs (or of `runs`, when given)."""
+
+    metric: str
+    title: str
+    runs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Finding:
+    key: str
+    title: str
+    claim: str  # the paper's words
+    runs: tuple[str, ...] = ()
+    analyses: tuple[str, ...] = ()
+    checks: tuple[Check, ...] = ()
+    panels: tuple[Panel, ...] = ()
+    notes: str = ""
+    labels: tuple[tuple[str, str], ...] = ()  # (run, label) where this finding names a shared run otherwise
+
+    def label(self, run: str) -> str:
+        return dict(self.labels).get(run, RUNS[run].label)
+
+
+def _early_final(claim: str, a: tuple[str, str], b: tuple[str, str]) -> tuple[Check, Check]:
+    return (Check(f"{claim} (early)", curve(*a, "early"), curve(*b, "early")),
+            Check(f"{claim} (final)", curve(*a, "final"), curve(*b, "final")))
+
+
+ENSEMBLE_SIZES = (1, 2, 4, 8)
+ANNEALING = (("none", 1.0, 1.0), ("mild", 0.95, 0.9), ("appropriate", 0.95, 0.7))
+
+FINDINGS: dict[str, Finding] = {f.key: f for f in (
+    Finding(
+        "f1", "Finding 1 (Fig. 2): any-order training converges slower",
+        "Any-Order GPT converges significantly slower in initial training stages compared to its standard "
+        "GPT counterpart when both utilize the same architecture.",
+        runs=("l2r", "uniform"),
+        checks=(Check("GPT's left-to-right loss is below AO-GPT's any-order loss early in training",
+                      curve("l2r", "l2r", "early"), curve("uniform", "any", "early")),),
+        panels=(Panel("l2r", "Left-to-Right"), Panel("any", "Any-Order")),
+        labels=(("uniform", "uniform orders (AO-GPT)"),),
+        notes="Both runs use the same decoder; GPT is it trained left to right, AO-GPT under uniform orders. "
+              "Each is judged on its own objective, as in the paper's Fig. 2."),
+    Finding(
+        "f2", "Findings 2.1 / 2.2 (Fig. 3a): fixed orders",
+        "2.1 (its text is missing from our copy of the paper; read from Fig. 3a and Section 3): a fixed "
+        "left-to-right order converges faster than one fixed random order. 2.2: fixed block-wise random "
+        "serves as an interpolation between left-to-right and purely random order in terms of convergence speed.",
+        runs=("l2r", "fixed-random", "blockwise"),
+        checks=(Check("2.1: left to right converges faster than a fixed random order",
+                      curve("l2r", "l2r", "early"), curve("fixed-random", "own", "early")),
+                Check("2.2: block-wise converges slower than left to right",
+                      curve("l2r", "l2r", "early"), curve("blockwise", "own", "early")),
+                Check("2.2: block-wise converges faster than a fixed random order",
+                      curve("blockwise", "own", "early"), curve("fixed-random", "own", "early"))),
+        panels=(Panel("own", "Loss in the training order", ()),),
+        notes="Each model is scored in the one order it is trained on."),
+    Finding(
+        "f3", "Findings 3.1 / 3.2 (Fig. 3b): 10% left-to-right data",
+        "3.1: Incorporating a small fraction (10%) of explicitly Left-to-Right ordered data into the training "
+        "of an AO-GPT drastically improves its performance (both convergence speed and final loss) when "
+        "evaluated on standard Left-to-Right. 3.2: A small fraction (10%) of Left-to-Right data can even "
+        "improve the model performance on Any-Order data.",
+        runs=("uniform", "mixture"),
+        checks=(*_early_final("3.1: with 10% left to right, the left-to-right loss is lower",
+                              ("mixture", "l2r"), ("uniform", "l2r")),
+                Check("3.2: with 10% left to right, the any-order loss is lower (final)",
+                      curve("mixture", "any"), curve("uniform", "any"))),
+        panels=(Panel("l2r", "Left-to-Right"), Panel("any", "Any-Order"))),
+    Finding(
+        "injection", "Fig. 7: target-position injection",
+        "The former two ways [re-applying the target encoding at every block; a table per block] demonstrate "
+        "some early training acceleration compared to the baseline, but their advantages diminish in later "
+        "stages [...]. In contrast, the adaptive LayerNorm (adaLN) approach shows consistent improvements "
+        "throughout the entire training process.",
+        runs=("sigma-input", "sigma-input-concat", "sigma-every-block", "sigma-per-block", "sigma-adaln",
+              "aogpt-blocks"),
+        checks=_early_final("adaLN beats the input-only baseline", ("sigma-adaln", "any"), ("sigma-input", "any")),
+        panels=(Panel("any", "Any-Order"), Panel("l2r", "Left-to-Right")),
+        notes="sigma-GPT blocks trained on uniform orders without EMA; only the injection differs. "
+              "The verdict is on adaLN; the other injections' numbers are in the table, beside AO-GPT's own "
+              "blocks (adaLN with RMSNorm and QK-norm) under the same training."),
+    Finding(
+        "ema", "Fig. 8: EMA decay",
+        "All tested EMA configurations outperformed the baseline model (no EMA). Notably, an EMA decay rate "
+        "of 0.9999 yielded the best performance among the values tested.",
+        runs=("mixture-ema-none", "mixture-ema-0.99", "mixture-ema-0.999", "mixture"),
+        checks=(*(Check(f"EMA {d} beats no EMA", curve(r, "any"), curve("mixture-ema-none", "any"))
+                  for d, r in (("0.99", "mixture-ema-0.99"), ("0.999", "mixture-ema-0.999"), ("0.9999", "mixture"))),
+                Check("EMA 0.9999 beats 0.999", curve("mixture", "any"), curve("mixture-ema-0.999", "any")),
+                Check("EMA 0.9999 beats 0.99", curve("mixture", "any"), curve("mixture-ema-0.99", "any"))),
+        panels=(Panel("any", "Any-Order"), Panel("l2r", "Left-to-Right")),
+        labels=(("mixture", "EMA 0.9999"),),
+        notes="The decoder with AO-GPT's orders (10% left to right), each decay scaled to the run's length (see "
+              "the scale). The runs share their raw-weight trajectory (same seed): differences are the EMA's "
+              "alone."),
+    Finding(
+        "adaln-ema", "Fig. 9: adaLN x EMA",
+        "These two enhancements are largely orthogonal, with their combination leading to significantly "
+        "improved convergence and lower final loss values compared to the baseline sigma-GPT and models with "
+        "only one of the improvements.",
+        runs=("sigma-input", "sigma-adaln", "uniform", "sigma-adaln-ema"),
+        checks=tuple(Check(f"adaLN + EMA beats {other_label} ({kind})", curve("sigma-adaln-ema", m), curve(other, m))
+                     for m, kind in (("l2r", "left to right"), ("any", "any order"))
+                     for other, other_label in (("sigma-input", "the baseline"), ("sigma-adaln", "adaLN alone"),
+                                                ("uniform", "EMA alone"))),
+        panels=(Panel("l2r", "Left-to-Right"), Panel("any", "Any-Order")),
+        labels=(("sigma-input", "sigma-GPT"), ("sigma-adaln", "sigma-GPT + adaLN"), ("uniform", "sigma-GPT + EMA")),
+        notes="Uniform orders; EMA is the scaled 0.9999."),
+    Finding(
+        "f6", "Finding 6 (Fig. 4): decoder vs encoder, context-order ensembles",
+        "Decoder-only AO-AR fall shorts of their Encoder-only counterpart, while ensemble on order context "
+        "fill the gap.",
+        runs=("mixture", "encoder"), analyses=("ensemble",),
+        checks=(Check("the decoder's any-order NLL is above the encoder's", value("ensemble", "encoder"),
+                      value("ensemble", "decoder M=1")),
+                Check("ensembling 8 context orders lowers the decoder's NLL", value("ensemble", "decoder M=8"),
+                      value("ensemble", "decoder M=1")),
+                Check("with 8 context orders the decoder is within 0.02 nats/token of the encoder",
+                      value("ensemble", "decoder M=8"), value("ensemble", "encoder"), rule="within", margin=0.02)),
+        labels=(("mixture", "decoder (AO-GPT's orders and EMA)"),),
+        notes="Any-order NLL (the masked-diffusion bound) per token on held-out sequences, EMA weights. The "
+              "decoder is trained with AO-GPT's orders and EMA."),
+    Finding(
+        "speed", "Findings 7 / 8.1 (Fig. 5): generation speed",
+        "7: The computation complexity of generating a length n sequence using encoder-only AO-AR is O(n^2); "
+        "with both KV-cache and Lemma 4.1, decoder-only AO-AR's computation complexity is O(n). "
+        "8.1: AO-GPT can achieve 25x speedup on generation compared with SEDD.",
+        analyses=("speed",),
+        checks=(Check("7: the encoder's model evaluations grow with the steps T (log-log slope above 0.5)",
+                      const(0.5), value("speed", "slots slope encoder"), unit="slope"),
+                Check("7: AO-GPT's model evaluations do not grow with T (log-log slope below 0.5)",
+                      value("speed", "slots slope aogpt"), const(0.5), unit="slope"),
+                Check("8.1: AO-GPT generates faster than the encoder at T = n",
+                      value("speed", "log time aogpt"), value("speed", "log time encoder"), unit="log seconds")),
+        notes="`aogpt bench generate` at the runs' model size (random weights: speed does not depend on them). "
+              "Finding 7 is about computation, so it is counted: positions run through the model (slot "
+              "evaluations) for a batch, an exact number. Finding 8.1 is timed. The paper's 25x is at n = 1024 "
+              "against SEDD; our ratio at our n is in the table."),
+    Finding(
+        "genppl", "Finding 8.2 (Table 1): generation perplexity under annealing",
+        "AO-GPT exhibits higher generation perplexity without logit annealing, while appropriate annealing "
+        "brings its perplexity to a comparable level.",
+        runs=("mixture", "encoder", "l2r"), analyses=("genppl",),
+        checks=(Check("without annealing AO-GPT's samples score worse than the encoder's",
+                      value("genppl", "encoder none"), value("genppl", "aogpt none")),
+                Check("with appropriate annealing AO-GPT is within 10% generation perplexity of the encoder",
+                      value("genppl", "aogpt appropriate"), value("genppl", "encoder appropriate"),
+                      rule="within", margin=0.0953)),
+        labels=(("mixture", "AO-GPT (the decoder with AO-GPT's orders and EMA)"), ("l2r", "scorer (left to right)")),
+        notes="Samples in float64 with T = n steps, scored by our left-to-right model trained in the same command "
+              "(its NLL per token; 0.0953 nats = log 1.1). Low temperatures also lower the samples' entropy."),
+    Finding(
+        "orders", "Open question: which orders matter (Mallows sweep)",
+        "(Not a claim of the paper.) The paper samples the trade-off between left-to-right and any-order "
+        "quality at two points: uniform orders and the 10% left-to-right mixture.",
+        runs=("l2r", *(f"mallows-{t:g}" for t in sorted(MALLOWS_THETAS, reverse=True)), "uniform", "mixture"),
+        panels=(Panel("l2r", "Left-to-Right"), Panel("any", "Any-Order")),
+        notes="Mallows orders P(sigma) ~ exp(-theta * inversions): theta = 0 is uniform, theta -> infinity "
+              "left to right."),
+)}
+
+# Aliases users may type for a finding.
+ALIASES = {"1": "f1", "2": "f2", "2.1": "f2", "2.2": "f2", "3": "f3", "3.1": "f3", "3.2": "f3", "6": "f6",
+           "7": "speed", "8.1": "speed", "8.2": "genppl", "fig2": "f1", "fig3a": "f2", "fig3b": "f3",
+           "fig4": "f6", "fig5": "speed", "fig7": "injection", "fig8": "ema", "fig9": "adaln-ema",
+           "table1": "genppl", "mallows": "orders"}

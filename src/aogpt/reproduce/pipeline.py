@@ -1,0 +1,104 @@
+"""`reproduce`: data, plan, interleaved training, analyses and the report, in one call.
+
+The output directory holds everything (DIR/data, DIR/runs, DIR/analyses, DIR/figures, DIR/plan.json,
+DIR/report.md, DIR/report.json), so a rerun of the same command picks up where the last one stopped.
+DIR/plan.json fixes the scale at the first invocation (with ``--budget-minutes``, the steps measured
+then); a rerun with other scale options is refused rather than mixing two scales in one report.
+Findings and seeds may be added by later invocations: their runs are trained, the rest reused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from aogpt.device import resolve_device
+from aogpt.errors import AOGPTError
+from aogpt.io import ensure_writable_dir, read_json, write_json
+from aogpt.reproduce.analyses import run_analysis
+from aogpt.reproduce.findings import FINDINGS
+from aogpt.reproduce.report import build_report
+from aogpt.reproduce.runner import fit_budget, make_plan, prepare_data, resolve_findings, train_runs
+from aogpt.reproduce.scale import DEFAULT, QUICK, Scale
+
+PLAN_FILE = "plan.json"
+
+
+LOCK_FILE = ".lock"
+
+
+@contextlib.contextmanager
+def exclusive(out: Path) -> Iterator[None]:
+    """Hold an advisory lock on DIR while `reproduce` works in it: two commands writing one DIR would
+    train the same runs twice and interleave their checkpoints. The lock (`flock` on DIR/.lock) is
+    released by the operating system when the process ends, however it ends, so a killed command never
+    leaves DIR locked. Where `fcntl` does not exist (Windows) the directory is not locked."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on POSIX
+        yield
+        return
+    with open(out / LOCK_FILE, "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise AOGPTError(f"another `aogpt reproduce` is working in {out}",
+                             "wait for it to finish, or choose another --out") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def resolve_scale(out: Path, base: Scale, request: dict[str, Any], plan_for_budget: Any, data: Any) -> Scale:
+    """The stored scale of DIR if the request matches it; else a new one (timed for a budget)."""
+    path = out / PLAN_FILE
+    if path.is_file():
+        stored = read_json(path, "reproduction plan")
+        if stored.get("request") != request:
+            raise AOGPTError(f"{out} holds a reproduction made with other options ({stored.get('request')})",
+                             "rerun with the same --quick / --budget-minutes / --device, or choose a new --out")
+        return Scale.from_dict(stored["scale"])
+    scale, timing = base, None
+    if request["budget_minutes"] is not None:
+        steps, timing = fit_budget(plan_for_budget(base), data, request["budget_minutes"])
+        scale = base.with_steps(steps)
+    write_json(path, {"request": request, "scale": scale.to_dict(), "budget_timing": timing})
+    return scale
+
+
+def reproduce(out: Path | str, findings: Sequence[str] | None = None, *, seeds: int = 1, seed: int = 1337,
+              quick: bool = False, budget_minutes: float | None = None, device: str = "cpu",
+              show_progress: bool = True) -> dict[str, Any]:
+    """Run the experiments behind `findings` (default all, see `aogpt.reproduce.findings.FINDINGS`)
+    with `seeds` seeds (seed, seed + 1, ...) and write DIR/report.{md,json}; returns the report."""
+    if seeds < 1:
+        raise AOGPTError(f"--seeds must be at least 1, got {seeds}", "pass --seeds 1 or more")
+    if budget_minutes is not None and (quick or not budget_minutes > 0):
+        raise AOGPTError("--budget-minutes must be positive and cannot be combined with --quick",
+                         "drop one of them")
+    out = Path(out).expanduser()
+    keys = resolve_findings(findings)
+    resolve_device(device)  # an unknown device is refused before anything runs
+    ensure_writable_dir(out)
+    start = time.perf_counter()
+    request = {"quick": quick, "budget_minutes": budget_minutes, "device": device}
+    seed_list = tuple(seed + i for i in range(seeds))
+    with exclusive(out):
+        base = QUICK if quick else DEFAULT
+        data = prepare_data(out, base.tokenizer, show_progress)
+        vocab = int(data.tokenizer.padded_vocab_size)
+
+        def plan_at(scale: Scale) -> Any:
+            return make_plan(out, scale, seed_list, keys, vocab, device)
+
+        scale = resolve_scale(out, base, request, plan_at, data)
+        plan = plan_at(scale)
+        notes = train_runs(plan, data, show_progress)
+        needed = list(dict.fromkeys(a for k in keys for a in FINDINGS[k].analyses))
+        analyses = {name: run_analysis(plan, name, data, device, show_progress) for name in needed}
+        return build_report(plan, analyses, wall_seconds=time.perf_counter() - start, device=device, notes=notes,
+                            request=request)

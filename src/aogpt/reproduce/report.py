@@ -1,0 +1,233 @@
+"""The reproduction report: DIR/report.md, DIR/report.json and one figure per finding in DIR/figures/.
+
+`build_report` gathers the verdicts (`aogpt.reproduce.results`) and the figures; `to_markdown`
+renders the same dictionary as text, so the markdown and the JSON always say the same thing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from aogpt.io import atomic_write_text, ensure_writable_dir, write_json
+from aogpt.plots import _pyplot
+from aogpt.reproduce import stats
+from aogpt.reproduce.compare import overlay, read_run
+from aogpt.reproduce.findings import ANNEALING, ENSEMBLE_SIZES, FINDINGS, RUNS, Finding, value
+from aogpt.reproduce.results import finding_result, lookup_for, metric_key
+from aogpt.reproduce.runner import Plan
+
+RULE = ("Each check states a claim of the paper as 'A is lower than B' (a loss or a time) and is decided by the 95% "
+        "confidence interval of the difference B - A: reproduced when it lies above zero, not reproduced when it "
+        "lies below zero, inconclusive at this scale when it contains zero. A claim that A is comparable to B "
+        "within a margin m is reproduced when the interval of A - B lies below m, not reproduced when it lies "
+        "above m. Intervals are Student-t intervals over seeds when several seeds ran, else over evaluation "
+        "batches, held-out sequences, generated samples or timing rounds (paired where both sides share them); "
+        "counts of operations are exact and need none. A finding is reproduced when all its checks are, not "
+        "reproduced when any is not, else inconclusive.")
+
+
+def _mean_curves(plan: Plan, key: str, metric: str) -> list[tuple[float, float]]:
+    """The run's validation curve of `metric` (EMA weights), averaged over seeds by step."""
+    by_step: dict[int, list[float]] = {}
+    for seed in plan.seeds:
+        curves = read_run(plan.run(key, seed).dir)
+        for step, loss in curves.evals.get(metric_key(key, metric), []):
+            by_step.setdefault(int(step), []).append(loss)
+    return [(s, float(np.mean(v))) for s, v in sorted(by_step.items()) if len(v) == len(plan.seeds)]
+
+
+def curve_figure(plan: Plan, finding: Finding, out: Path) -> Path | None:
+    panels = []
+    for panel in finding.panels:
+        runs = panel.runs or finding.runs
+        panels.append((panel.title, {finding.label(k): _mean_curves(plan, k, panel.metric) for k in runs}))
+    return overlay(panels, out, title=finding.title)
+
+
+def _save(fig: Any, plt: Any, out: Path) -> Path:
+    tmp = out.with_suffix(".tmp.png")
+    fig.tight_layout()
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(out)
+    return out
+
+
+def ensemble_figure(result: dict[str, Any], out: Path) -> Path | None:
+    """Fig. 4 style: the decoder's any-order NLL against the ensemble size, the encoder as a band."""
+    try:
+        plt = _pyplot()
+        fig, ax = plt.subplots(figsize=(5.5, 4.2), dpi=110)
+        dec = [result["table"][f"decoder M={m}"] for m in ENSEMBLE_SIZES]
+        err = [[d["mean"] - (d["interval"] or [d["mean"]] * 2)[0] for d in dec],
+               [(d["interval"] or [d["mean"]] * 2)[1] - d["mean"] for d in dec]]
+        ax.errorbar(ENSEMBLE_SIZES, [d["mean"] for d in dec], yerr=err, marker="o", capsize=3,
+                    label="decoder (AO-GPT), context-order ensemble")
+        enc = result["table"]["encoder"]
+        ax.axhline(enc["mean"], color="tab:red", label="encoder-only MDM")
+        if enc["interval"]:
+            ax.axhspan(*enc["interval"], color="tab:red", alpha=0.15)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ENSEMBLE_SIZES, [str(m) for m in ENSEMBLE_SIZES])
+        ax.set_xlabel("ensemble size M")
+        ax.set_ylabel("any-order NLL (nats / token)")
+        ax.set_title("Fig. 4: context-order ensembles")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        return _save(fig, plt, out)
+    except Exception:  # noqa: BLE001 - a figure must never lose the numbers
+        return None
+
+
+def genppl_figure(result: dict[str, Any], out: Path) -> Path | None:
+    try:
+        plt = _pyplot()
+        fig, ax = plt.subplots(figsize=(6, 4.2), dpi=110)
+        x = np.arange(len(ANNEALING))
+        for i, model in enumerate(("aogpt", "encoder")):
+            ys = [result["table"][f"{model} {s}"]["genppl"] for s, _, _ in ANNEALING]
+            ax.bar(x + (i - 0.5) * 0.38, ys, 0.38, label="AO-GPT" if model == "aogpt" else "encoder-only MDM")
+        ax.set_xticks(x, [f"{s}\ntop-p {p}, temp {t}" for s, p, t in ANNEALING], fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel("generation perplexity (our left-to-right model)")
+        ax.set_title("Table 1: generation perplexity under annealing")
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=8)
+        return _save(fig, plt, out)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def orders_figure(rows: list[dict[str, Any]], out: Path) -> Path | None:
+    """The trade-off: final left-to-right NLL against final any-order NLL, one point per training
+    order, the Mallows sweep joined from left to right (theta = inf) to uniform (theta = 0)."""
+    try:
+        plt = _pyplot()
+        fig, ax = plt.subplots(figsize=(6, 4.6), dpi=110)
+        def errors(entries: list[dict[str, Any]]) -> list[list[float]]:
+            return [[e["mean"] - (e["interval"] or [e["mean"]] * 2)[0] for e in entries],
+                    [(e["interval"] or [e["mean"]] * 2)[1] - e["mean"] for e in entries]]
+
+        for group, style, color, label in (
+                ([r for r in rows if r["run"] != "mixture"], "-o", "tab:blue", "Mallows sweep (θ: ∞ → 0)"),
+                ([r for r in rows if r["run"] == "mixture"], "s", "tab:red",
+                 "uniform + 10% left to right (AO-GPT recipe)")):
+            if group:
+                xs, ys = [r["any"] for r in group], [r["l2r"] for r in group]
+                ax.errorbar([e["mean"] for e in xs], [e["mean"] for e in ys], xerr=errors(xs), yerr=errors(ys),
+                            fmt=style, color=color, capsize=2, ms=6, label=label)
+        for r in rows:
+            if r["theta"]:
+                ax.annotate(f"θ={r['theta'].replace('inf', '∞')}", (r["any"]["mean"], r["l2r"]["mean"]),
+                            fontsize=8, xytext=(4, 4), textcoords="offset points")
+        ax.set_xlabel("any-order NLL, uniform orders (nats / token)")
+        ax.set_ylabel("left-to-right NLL (nats / token)")
+        ax.set_title("Which orders matter: the trade-off")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        return _save(fig, plt, out)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _summary_entry(m: stats.Measurement) -> dict[str, Any]:
+    e = stats.mean_interval(m)
+    return {"mean": e.value, "interval": [e.low, e.high] if math.isfinite(e.low) else None, "n": e.n, "units": e.units}
+
+
+def analysis_tables(finding: Finding, lookup: Any, analyses: dict[str, Any]) -> dict[str, Any]:
+    """The numbers behind a finding's analyses, for its tables and figure."""
+    out: dict[str, Any] = {}
+    if "ensemble" in finding.analyses:
+        out["table"] = {k: _summary_entry(lookup(value("ensemble", k)))
+                        for k in [f"decoder M={m}" for m in ENSEMBLE_SIZES] + ["encoder"]}
+    if "genppl" in finding.analyses:
+        table = {}
+        for model in ("aogpt", "encoder"):
+            for setting, _, _ in ANNEALING:
+                key = f"{model} {setting}"
+                extras = [r["extra"][key] for r in analyses["genppl"].values()]
+                table[key] = {**_summary_entry(lookup(value("genppl", key))),
+                              "genppl": float(np.mean([e["genppl"] for e in extras])),
+                              "entropy": float(np.mean([e["entropy"] for e in extras])),
+                              "example": extras[0]["example"]}
+        out["table"] = table
+    if "speed" in finding.analyses:
+        extra = next(iter(analyses["speed"].values()))["extra"]
+        gap = stats.difference(lookup(value("speed", "log time encoder")), lookup(value("speed", "log time aogpt")))
+        out["seconds"], out["slots"], out["padded_slots"] = extra["seconds"], extra["slots"], extra["padded_slots"]
+        out["rounds"] = len(next(iter(analyses["speed"].values()))["values"]["log time aogpt"]["values"])
+        out["n"], out["batch"], out["steps"] = extra["n"], extra["batch"], extra["steps"]
+        out["speedup_at_n"] = {"mean": math.exp(gap.value),
+                               "interval": [math.exp(gap.low), math.exp(gap.high)] if math.isfinite(gap.low)
+                               else None}
+        out["environment"] = extra["environment"]
+        out["bench_files"] = extra["files"]
+    return out
+
+
+def orders_rows(plan: Plan, result: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for r in result["runs"]:
+        order = RUNS[r["run"]].order
+        theta = {"l2r": "inf", "uniform": "0"}.get(order, order.split(":")[1] if order.startswith("mallows") else "")
+        rows.append({"run": r["run"], "label": r["label"], "order": order, "theta": theta,
+                     "l2r": r.get("l2r final"), "any": r.get("any final")})
+    return rows
+
+
+def build_report(plan: Plan, analyses: dict[str, Any], *, wall_seconds: float, device: str, notes: list[str],
+                 request: dict[str, Any]) -> dict[str, Any]:
+    """Verdicts, tables and figures of every planned finding; writes DIR/report.{md,json}."""
+    figures = plan.out / "figures"
+    ensure_writable_dir(figures)
+    lookup = lookup_for(plan, analyses)
+    results = []
+    for key in plan.findings:
+        finding = FINDINGS[key]
+        res = finding_result(plan, finding, lookup)
+        res.update(analysis_tables(finding, lookup, analyses))
+        png = None
+        if key == "f6":
+            png = ensemble_figure(res, figures / f"{key}.png")
+        elif key == "genppl":
+            png = genppl_figure(res, figures / f"{key}.png")
+        elif key == "speed" and res.get("bench_files", {}).get("png"):
+            png = Path(shutil.copyfile(res["bench_files"]["png"], figures / f"{key}.png"))
+        elif finding.panels:
+            png = curve_figure(plan, finding, figures / f"{key}.png")
+        if key == "orders":
+            res["sweep"] = orders_rows(plan, res)
+            sweep_png = orders_figure(res["sweep"], figures / "orders-tradeoff.png")
+            res["figures"] = [str(p.relative_to(plan.out)) for p in (sweep_png, png) if p]
+        else:
+            res["figures"] = [str(png.relative_to(plan.out))] if png else []
+        results.append(res)
+    report = {
+        "scale": {**plan.scale.to_dict(), "description": plan.scale.describe()},
+        "seeds": list(plan.seeds),
+        "request": request,
+        "rule": RULE,
+        "machine": {"device": device, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+                    "torch": torch.__version__, "python": platform.python_version(),
+                    "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None},
+        "wall_seconds": wall_seconds,
+        "notes": notes,
+        "findings": results,
+        "verdicts": {r["key"]: r["verdict"] for r in results},
+    }
+    from aogpt.reproduce.markdown import to_markdown
+
+    write_json(plan.out / "report.json", stats.json_safe(report))
+    atomic_write_text(plan.out / "report.md", to_markdown(report))
+    report["files"] = {"markdown": str(plan.out / "report.md"), "json": str(plan.out / "report.json"),
+                       "figures": str(figures)}
+    return report

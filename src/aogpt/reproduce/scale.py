@@ -1,0 +1,120 @@
+"""How big `aogpt reproduce` runs: model size, steps, evaluation and analysis sizes.
+
+Every run of one command has the same size, data, batch and number of steps (the budget is in
+steps, hence in tokens: results do not depend on how busy the machine is). `DEFAULT` fits in about
+an hour on two quiet CPU cores; `QUICK` is a smoke test of the whole pipeline in about a minute.
+`--budget-minutes` keeps the size and picks the steps from a short timing of this machine
+(`aogpt.reproduce.runner.fit_budget`).
+
+EMA decays are scaled to the run's length. The paper's decays 0.99 / 0.999 / 0.9999 average over
+about 100 / 1,000 / 10,000 steps; a run of a few hundred steps cannot hold those horizons, so each
+horizon is multiplied by steps / `EMA_REFERENCE_STEPS`: the paper's 0.9999 then averages over a
+fifth of the run and the others keep the paper's ratios (10x and 100x shorter). decay =
+max(0, 1 - 1 / horizon).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from aogpt.config import ModelConfig, TrainConfig, model_config, train_config
+from aogpt.errors import AOGPTError
+from aogpt.reproduce.findings import RunSpec
+
+EMA_REFERENCE_STEPS = 50_000
+
+
+@dataclass(frozen=True)
+class Scale:
+    name: str
+    tokenizer: str = "bytes"
+    n_layer: int = 2
+    n_embd: int = 64
+    n_head: int = 2
+    block_size: int = 64
+    batch_size: int = 32
+    steps: int = 1800
+    evals: int = 6  # validations per run, evenly spaced (the curves' points; runs interleave between them)
+    eval_batches: int = 16
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_steps: int = 30
+    # Finding 6: context-order ensembles on held-out sequences
+    ensemble_sequences: int = 64
+    ensemble_orders: int = 2
+    ensemble_positions: int = 16
+    encoder_draws: int = 16
+    # Finding 8.2: samples per model and annealing setting, generated with T = block_size steps
+    gen_samples: int = 48
+    # Findings 7 / 8.1: the generation benchmark
+    bench_batch: int = 8
+    bench_steps: tuple[int, ...] = (8, 16, 32, 64)
+    bench_repeats: int = 3
+
+    @property
+    def eval_interval(self) -> int:
+        return self.steps // self.evals
+
+    def check(self) -> Scale:
+        if self.steps < self.evals or self.steps % self.evals:
+            raise AOGPTError(f"{self.steps} steps cannot be split into {self.evals} equal pieces",
+                             f"use a multiple of {self.evals}")
+        if max(self.bench_steps) != self.block_size:
+            raise AOGPTError("the benchmark's largest step count must be the sequence length", "fix the scale")
+        return self
+
+    def with_steps(self, steps: int) -> Scale:
+        return dataclasses.replace(self, steps=steps).check()
+
+    @property
+    def tokens_per_run(self) -> int:
+        return self.steps * self.batch_size * self.block_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> Scale:
+        data = dict(data)
+        data["bench_steps"] = tuple(data["bench_steps"])
+        return Scale(**data)
+
+    def describe(self) -> str:
+        return (f"{self.n_layer} layers x {self.n_embd} wide ({self.n_head} heads), context {self.block_size}, "
+                f"{self.tokenizer} tokens, batch {self.batch_size}, {self.steps} steps "
+                f"({self.tokens_per_run:,} tokens per run), {self.evals} validations of {self.eval_batches} batches")
+
+
+DEFAULT = Scale("default").check()
+QUICK = Scale("quick", n_layer=2, n_embd=32, n_head=2, block_size=32, batch_size=8, steps=24, evals=2,
+              eval_batches=4, lr=3e-3, min_lr=3e-4, warmup_steps=4, ensemble_sequences=8, ensemble_orders=1,
+              ensemble_positions=4, encoder_draws=2, gen_samples=4, bench_batch=2, bench_steps=(4, 8, 32),
+              bench_repeats=2).check()
+
+
+def ema_decay(name: str, steps: int) -> float:
+    """The paper's decay `name` ("none", "0.99", ...) scaled to a run of `steps` (module docstring)."""
+    if name == "none":
+        return 0.0
+    horizon = 1.0 / (1.0 - float(name)) * steps / EMA_REFERENCE_STEPS
+    return max(0.0, 1.0 - 1.0 / horizon) if horizon > 1 else 0.0
+
+
+def configs(spec: RunSpec, scale: Scale, vocab_size: int, seed: int,
+            device: str = "cpu") -> tuple[ModelConfig, TrainConfig]:
+    """The model and training configs of one run at `scale` (every run of a scale alike but for what
+    its spec changes)."""
+    overrides: dict[str, Any] = dict(n_layer=scale.n_layer, n_embd=scale.n_embd, n_head=scale.n_head,
+                                     block_size=scale.block_size, vocab_size=vocab_size,
+                                     target_dim=min(128, scale.n_embd))
+    if spec.target is not None:
+        overrides["target"] = spec.target
+    mc = model_config(spec.variant, **overrides)
+    tc = train_config(None, spec.variant, order=spec.order, batch_size=scale.batch_size, max_steps=scale.steps,
+                      lr=scale.lr, min_lr=scale.min_lr, warmup_steps=scale.warmup_steps,
+                      ema_decay=ema_decay(spec.ema, scale.steps), eval_interval=scale.eval_interval,
+                      eval_batches=scale.eval_batches, log_interval=max(1, scale.eval_interval // 5),
+                      ckpt_interval=scale.steps + 1, keep_last=1, seed=seed, device=device)
+    return mc, tc

@@ -1,0 +1,41 @@
+"""The findings' specs are consistent: what a check reads is trained or measured by its finding."""
+
+from __future__ import annotations
+
+import pytest
+
+from aogpt.orders import make_order_sampler
+from aogpt.reproduce.analyses import ANALYSES
+from aogpt.reproduce.findings import ALIASES, FINDINGS, RUNS
+from aogpt.reproduce.scale import DEFAULT, QUICK, configs
+
+
+@pytest.mark.parametrize("key", list(FINDINGS))
+def test_checks_read_only_what_the_finding_provides(key):
+    finding = FINDINGS[key]
+    for check in finding.checks:
+        for q in (check.a, check.b):
+            if q.source == "curve":
+                assert q.run in finding.runs and q.metric in ("l2r", "any", "own") and q.stage in ("early", "final")
+            elif q.source != "const":
+                assert q.source in finding.analyses
+        assert check.rule in ("lower", "within")
+    for analysis in finding.analyses:
+        assert set(ANALYSES[analysis]) <= set(finding.runs)  # the models an analysis loads are trained
+    for panel in finding.panels:
+        assert set(panel.runs) <= set(finding.runs)
+
+
+@pytest.mark.parametrize("scale", [QUICK, DEFAULT], ids=["quick", "default"])
+def test_every_run_has_a_valid_config_of_the_same_size(scale):
+    sizes = set()
+    for spec in RUNS.values():
+        mc, tc = configs(spec, scale, vocab_size=320, seed=1)
+        make_order_sampler(tc.order)
+        sizes.add((mc.n_layer, mc.n_embd, mc.n_head, mc.block_size, tc.batch_size, tc.max_steps))
+        assert tc.eval_interval * scale.evals == tc.max_steps
+    assert len(sizes) == 1  # every model of the command: same size, batch and steps
+
+
+def test_aliases_point_at_findings():
+    assert set(ALIASES.values()) <= set(FINDINGS)
