@@ -3,8 +3,8 @@
 `prepare` writes a directory::
 
     train.bin, val.bin   token ids, flat, native byte order (uint16 if the vocabulary fits, else uint32)
-    meta.json            tokenizer spec and sizes, dtype, token/document counts per split, source
-                         checksums, corpus name, split rule, format version
+    meta.json            tokenizer spec and sizes, dtype, token/document/UTF-8 byte counts per split,
+                         source checksums, corpus name, split rule, format version
     tokenizer.json       for bpe:N only: the tokenizer trained on the training split
 
 A split of more than ``shard_tokens`` ids (default 100 M) is written as shards instead,
@@ -29,6 +29,9 @@ Decisions:
   ``"restart"`` discards it); with other settings it is refused. Otherwise the partial directory is
   removed. An existing non-empty ``out`` that is not a prepared directory is never replaced.
 * bpe:N trains on (at most the first 200 M characters of) the training split only.
+* ``bytes`` of a split counts the UTF-8 bytes of the text its ids stand for (EOT none), so bits per
+  byte can be reported beside perplexity; directories prepared before it was recorded compute it
+  from their ids on first use (`PreparedData.num_bytes`).
 
 Batches: `PreparedData.get_batch` takes ``batch_size`` random windows of exactly ``block_size``
 contiguous tokens (the model predicts every token of its window); a window never crosses a shard
@@ -213,6 +216,9 @@ def prepare(
         )
         (work / PROGRESS_FILE).unlink(missing_ok=True)  # from here on, a crash restarts from scratch
         splits = _finish_splits(work, src.name, shards)
+        for info in splits.values():
+            files = [s["file"] for s in info.get("shards", [info])]
+            info["bytes"] = count_bytes([np.memmap(work / f, dtype=dtype, mode="r") for f in files], tok)
         sharded = any("shards" in info for info in splits.values())
         meta = {
             "format_version": SHARDED_FORMAT_VERSION if sharded else FORMAT_VERSION,
@@ -236,6 +242,16 @@ def prepare(
         raise
     # returned, not written: meta.json stays deterministic
     return {**meta, "seconds": time.perf_counter() - start, "resumed_documents": resumed}
+
+
+def count_bytes(arrays: Iterable[np.ndarray], tok: Tokenizer, chunk: int = 1 << 24) -> int:
+    """UTF-8 bytes of the text behind the ids in `arrays` (read `chunk` ids at a time)."""
+    lengths, total = tok.byte_lengths(), 0
+    for ids in arrays:
+        for start in range(0, len(ids), chunk):
+            counts = np.bincount(np.asarray(ids[start : start + chunk]), minlength=len(lengths))
+            total += int(counts[: len(lengths)] @ lengths)
+    return total
 
 
 class PreparedData:
@@ -303,6 +319,17 @@ class PreparedData:
 
     def num_tokens(self, split: str) -> int:
         return int(self._info(split)["tokens"])
+
+    def num_bytes(self, split: str) -> int:
+        """UTF-8 bytes of the split's text: from meta.json, or counted from its ids (then kept)."""
+        info = self._info(split)
+        if "bytes" not in info:
+            info["bytes"] = count_bytes(self.shards(split), self.tokenizer)
+        return int(info["bytes"])
+
+    def token_byte_lengths(self) -> torch.Tensor:
+        """UTF-8 bytes behind each token id (EOT 0): the bytes of a batch are ``lengths[batch].sum()``."""
+        return torch.from_numpy(self.tokenizer.byte_lengths().copy())
 
     def shards(self, split: str) -> list[np.ndarray]:
         """The split's shards as read-only np.memmaps (nothing is read until indexed)."""
@@ -413,6 +440,7 @@ __all__ = [
     "FORMAT_VERSION",
     "PreparedData",
     "default_out_dir",
+    "count_bytes",
     "partial_dir",
     "prepare",
     "split_pieces",
