@@ -14,7 +14,7 @@ def restore_threads():
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("name", ["generate", "density", "train", "eval", "prepare"])
+@pytest.mark.parametrize("name", ["generate", "density", "train", "eval", "prepare", "recipe"])
 def test_help(cli, name):
     res = cli("bench", name, "--help")
     assert res.code == 0 and "--quick" in res.out and "--json" in res.out and "--seed" in res.out
@@ -137,3 +137,25 @@ def test_bad_input_exits_2(cli, tmp_path, args, message):
     lines = res.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and message in res.err
     assert "Traceback" not in res.err
+
+
+def test_recipe_quick_json(cli, tmp_path):
+    res = cli("bench", "recipe", "--quick", "--data-root", tmp_path / "data", "--out", tmp_path, "--json",
+              "--no-progress")
+    assert res.code == 0, res.err
+    row = res.json["rows"][0]
+    assert res.json["command"] == "bench recipe" and row["name"] == "quick" and row["steps"] == 3
+    assert row["l2r_ema"]["bpb"] > 0 and (tmp_path / "recipe.md").is_file() and (tmp_path / "recipe.json").is_file()
+    assert "bpb l2r EMA" in res.out
+    assert torch.get_num_threads() == 1  # one thread unless told: CPU time per step is what it compares
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("--candidates", "nope", "--steps", "2"), "unknown candidate"),
+    (("--candidates", "old-cpu-small"), "no budget per candidate"),
+    (("--candidate", "x:lr=0.01", "--steps", "0"), "must be positive"),
+    (("--candidates", "old-cpu-small", "--calibrate", "1"), "at least 2 threads"),
+])
+def test_recipe_bad_input(cli, tmp_path, args, fragment):
+    res = cli("bench", "recipe", "--data-root", tmp_path, *args)
+    assert res.code == 2 and res.err.startswith("error: ") and fragment in res.err, res.err

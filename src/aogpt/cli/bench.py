@@ -11,7 +11,7 @@ from aogpt.cli.common import add_common, emit_json, progress
 from aogpt.errors import AOGPTError
 
 HELP = ("speed benchmarks: generation time vs steps (paper Fig. 5), exact-likelihood cost, training steps, "
-        "evaluation, data preparation")
+        "evaluation, data preparation; and the recipe sweep (what learns most for a fixed compute)")
 EPILOG = "Random weights by default (timing does not depend on them); see docs/benchmarks.md."
 
 
@@ -122,6 +122,33 @@ def add_parser(subparsers: Any) -> None:
                    help="megabytes of synthetic text (default 40; quick 0.5)")
     _run_flags(r, checkpoints=False, device=False)
     r.set_defaults(func=run_prepare)
+
+    s = sub.add_parser("recipe", help="which small training recipe learns most on Shakespeare for a fixed compute",
+                       description="Train AO-GPT candidates (the cpu-small preset with fields changed) for a fixed "
+                       "number of steps or CPU seconds each, one after another, and score them on the held-out plays "
+                       "in bits per byte; writes DIR/recipe.md and .json after every candidate. CPU time, not wall "
+                       "time, so a shared machine does not decide the result; one thread unless --threads.")
+    s.add_argument("--candidates", default=None, metavar="NAME,...",
+                   help="registered candidates (default: all of the recorded sweep)")
+    s.add_argument("--candidate", action="append", default=[], metavar="NAME:key=value,...",
+                   help="an ad-hoc candidate, e.g. wide:n_embd=256,lr=3e-3 (repeatable; a registered NAME is "
+                   "its base)")
+    budget = s.add_mutually_exclusive_group()
+    budget.add_argument("--steps", type=int, default=None, help="training steps per candidate")
+    budget.add_argument("--cpu-seconds", type=float, default=None, metavar="S",
+                        help="CPU seconds of training per candidate (steps sized by a short probe)")
+    s.add_argument("--eval-bytes", type=int, default=None, metavar="B",
+                   help="score on the first B bytes of the held-out text (default: all of it)")
+    s.add_argument("--minutes", type=float, default=10.0, help="time budget for 'steps in budget' (default 10)")
+    s.add_argument("--speedup", type=float, default=None, metavar="X",
+                   help="what the quiet machine's threads gain over one (from --calibrate) for 'steps in budget'")
+    s.add_argument("--calibrate", type=int, default=None, metavar="N",
+                   help="instead of the sweep: time one step with 1 and N threads, interleaved (quiet machine only)")
+    s.add_argument("--data-root", type=Path, default=Path("data"), metavar="DIR",
+                   help="where the prepared Shakespeare folders are (made if missing; default data)")
+    s.add_argument("--threads", type=int, default=1, metavar="N", help="CPU threads for torch (default 1)")
+    _run_flags(s, checkpoints=False, device=False)
+    s.set_defaults(func=run_recipe)
 
 
 def _missing(args: argparse.Namespace) -> int:
@@ -312,3 +339,47 @@ def run_prepare(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     return _report(args, "bench prepare", result, bp.to_markdown(result))
+
+
+def run_recipe(args: argparse.Namespace) -> int:
+    import sys
+
+    import torch
+
+    from aogpt.bench import recipe as br
+
+    if args.threads < 1:
+        raise AOGPTError(f"--threads must be >= 1, got {args.threads}", "e.g. --threads 1")
+    torch.set_num_threads(args.threads)
+    names = [n.strip() for n in args.candidates.split(",") if n.strip()] if args.candidates else []
+    if args.quick:
+        names, args.candidate = [], [br.QUICK_CANDIDATE]
+    elif not names and not args.candidate:
+        names = list(br.CANDIDATES)
+    candidates = [br.parse_candidate(n) for n in names] + [br.parse_candidate(c) for c in args.candidate]
+    if args.calibrate is not None:
+        if args.calibrate < 2:
+            raise AOGPTError(f"--calibrate needs at least 2 threads, got {args.calibrate}", "e.g. --calibrate 2")
+        rows = [br.thread_speedup(c, args.data_root, args.calibrate, seed=args.seed) for c in candidates]
+        for r in rows:
+            print(f"{r['name']}: {r['speedup']:.2f}x with {r['threads']} threads ({r['seconds_per_step']}, load "
+                  f"average {r['load_average']})")
+        if args.json:
+            emit_json({"command": "bench recipe", "calibrate": rows})
+        return 0
+    steps, cpu_budget = args.steps, args.cpu_seconds
+    if args.quick and steps is None and cpu_budget is None:
+        steps = br.QUICK_STEPS
+    if steps is None and cpu_budget is None:
+        raise AOGPTError("no budget per candidate", "pass --steps N or --cpu-seconds S")
+    if (steps is not None and steps < 1) or (cpu_budget is not None and cpu_budget <= 0):
+        raise AOGPTError("the budget per candidate must be positive", "e.g. --steps 300 or --cpu-seconds 180")
+
+    def say(line: str) -> None:
+        if not args.no_progress:
+            print(line, file=sys.stderr, flush=True)
+
+    result = br.sweep(candidates, args.data_root, steps=steps, cpu_budget=cpu_budget,
+                      eval_bytes=br.QUICK_EVAL_BYTES if args.quick and args.eval_bytes is None else args.eval_bytes,
+                      minutes=args.minutes, speedup=args.speedup, seed=args.seed, out=args.out, progress=say)
+    return _report(args, "bench recipe", result, br.to_markdown(result))
