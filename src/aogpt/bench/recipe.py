@@ -51,6 +51,14 @@ CANDIDATES: dict[str, dict[str, Any]] = {
         n_layer=4, n_head=3, n_embd=192, block_size=128, batch_size=16, lr=2e-3, min_lr=2e-4, warmup_steps=50,
         ema_decay=0.998,
     ),
+    # the same model, a bolder start: a higher peak rate reached sooner, the first steps left to right (out
+    # of the unigram plateau), an EMA short enough for a run of a few hundred steps
+    "bpe4096-bold": dict(tokenizer="bpe:4096", lr=3e-3, min_lr=3e-4, warmup_steps=20, l2r_first_steps=100,
+                         ema_decay=0.99),
+    "bpe512-bold": dict(tokenizer="bpe:512", lr=3e-3, min_lr=3e-4, warmup_steps=20, l2r_first_steps=100,
+                        ema_decay=0.99),
+    "bytes-bold": dict(tokenizer="bytes", lr=3e-3, min_lr=3e-4, warmup_steps=20, l2r_first_steps=100,
+                       ema_decay=0.99),
 }
 
 

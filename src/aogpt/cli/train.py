@@ -16,7 +16,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Train GPT, sigma-GPT, AO-GPT or the encoder-only MDM on a prepared data "
         "directory. Runs under torchrun for DDP/FSDP.",
     )
-    p.add_argument("--preset", default="cpu-small", help="size and recipe: tiny, cpu-small, gpt2-small, gpt2-medium")
+    p.add_argument("--preset", default="cpu-small",
+                   help="size and recipe: tiny, quickstart, cpu-small, gpt2-small, gpt2-medium")
     p.add_argument("--variant", default=None, help="gpt, sigma, aogpt (default) or encoder-mdm")
     p.add_argument("--data", type=Path, help="prepared data directory (from `aogpt prepare`)")
     p.add_argument("--out", type=Path, required=True, help="run directory (checkpoints, metrics, plot)")
