@@ -190,6 +190,7 @@ def run_candidate(candidate: Candidate, data_root: Path, *, steps: int | None = 
         "tokens": steps * trainer.tokens_per_step, "cpu_seconds": cpu, "wall_seconds": wall,
         "cpu_seconds_per_step": cpu / steps, "train_loss_end": sum(tail) / len(tail),
         "eval_tokens": int(windows.numel()), "eval_bytes": int(lengths[windows].sum()), **scores,
+        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,  # CPU time is what compares
     }
 
 
@@ -254,7 +255,7 @@ def to_markdown(result: dict[str, Any]) -> str:
                      str(r["batch"]), f"{r['lr']:g}/{r['warmup']}", f"{r['params'] / 1e6:.1f} M", str(r["steps"]),
                      f"{r['cpu_seconds_per_step']:.2f}", str(r.get("steps_in_budget", "-")),
                      _num(r["train_loss_end"]), _num(r["l2r_ema"]["bpb"]), _num(r["l2r_raw"]["bpb"]),
-                     _num(r["any_ema"]["bpb"])])
+                     _num(r["any_ema"]["bpb"]), _num(r.get("load_average"), 1)])
     budget = (f"{result['steps']} steps each" if result["steps"] else
               f"{result['cpu_budget']:g} CPU seconds each (steps sized by a probe, schedule fitted to them)")
     threads = f"{result['threads']} thread" + ("s" if result["threads"] > 1 else "")
@@ -264,7 +265,8 @@ def to_markdown(result: dict[str, Any]) -> str:
         "",
         f"Each candidate: AO-GPT (unless named otherwise) trained for {budget}, {threads}; scored on {scored} the "
         "held-out plays in bits per byte (lower is better): left to right with the EMA and the raw weights, and "
-        "under one random order with the EMA weights. " + describe_environment(result["environment"]),
+        "under one random order with the EMA weights; load: the machine's 1-minute load average when the candidate "
+        "finished. " + describe_environment(result["environment"]),
         "",
     ]
     if result.get("speedup"):
@@ -272,5 +274,5 @@ def to_markdown(result: dict[str, Any]) -> str:
                   f"threads run {result['speedup']:g}x faster than one (CPU s / step at one thread).", ""]
     lines.append(markdown_table(
         ["candidate", "tokenizer", "layers/width/heads", "context", "batch", "lr/warm-up", "params", "steps",
-         "CPU s/step", "steps in budget", "train loss", "bpb l2r EMA", "bpb l2r raw", "bpb any EMA"], rows))
+         "CPU s/step", "steps in budget", "train loss", "bpb l2r EMA", "bpb l2r raw", "bpb any EMA", "load"], rows))
     return "\n".join(lines)
