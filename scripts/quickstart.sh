@@ -8,7 +8,7 @@
 #   QUICKSTART_PRESET      training preset (default quickstart)
 #   QUICKSTART_MINUTES     time limit of the training (default 10)
 #   QUICKSTART_CORPUS      what `aogpt prepare --corpus` reads (default shakespeare; a .txt file works)
-#   QUICKSTART_TOKENIZER   tokenizer of the prepared data (default bpe:4096)
+#   QUICKSTART_TOKENIZER   tokenizer of the prepared data (default bpe:512)
 #   QUICKSTART_DATA        prepared data directory (default data/<corpus>-<tokenizer>)
 #   QUICKSTART_RUN         run directory (default runs/quickstart-<time>)
 #   QUICKSTART_SEED        seed of training and sampling (default 1337)
@@ -29,7 +29,7 @@ aogpt() { "$PY" -m aogpt "$@"; }
 PRESET=${QUICKSTART_PRESET:-quickstart}
 MINUTES=${QUICKSTART_MINUTES:-10}
 CORPUS=${QUICKSTART_CORPUS:-shakespeare}
-TOKENIZER=${QUICKSTART_TOKENIZER:-bpe:4096}
+TOKENIZER=${QUICKSTART_TOKENIZER:-bpe:512}
 DATA=${QUICKSTART_DATA:-data/$(basename "${CORPUS%.*}")-${TOKENIZER/:/}}
 RUN=${QUICKSTART_RUN:-runs/quickstart-$(date +%Y%m%d-%H%M%S)}
 SEED=${QUICKSTART_SEED:-1337}
