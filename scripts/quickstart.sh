@@ -1,46 +1,100 @@
 #!/usr/bin/env bash
-# The main job: install, prepare Shakespeare, train AO-GPT cpu-small for a fixed time budget,
-# report validation perplexities, print samples and an infilling example, and a speed table.
+# The main job: install, prepare Shakespeare, train AO-GPT with the quickstart recipe (chosen by the
+# sweep in docs/training.md) for at most QUICKSTART_MINUTES, evaluate it in bits per byte, print a
+# left-to-right sample, a random-order sample and an infilling, and a generation speed table.
 # Re-runnable: every run writes a new run directory under runs/.
+#
+# Settings (environment variables):
+#   QUICKSTART_PRESET      training preset (default quickstart)
+#   QUICKSTART_MINUTES     time limit of the training (default 10)
+#   QUICKSTART_CORPUS      what `aogpt prepare --corpus` reads (default shakespeare; a .txt file works)
+#   QUICKSTART_TOKENIZER   tokenizer of the prepared data (default bpe:512)
+#   QUICKSTART_DATA        prepared data directory (default data/<corpus>-<tokenizer>)
+#   QUICKSTART_RUN         run directory (default runs/quickstart-<time>)
+#   QUICKSTART_SEED        seed of training and sampling (default 1337)
+#   QUICKSTART_TRAIN_FLAGS extra flags for `aogpt train` (e.g. "--max-steps 300")
+#   QUICKSTART_BENCH_FLAGS flags of the speed table (`aogpt bench generate`)
+#   QUICKSTART_PYTHON      use this Python (with aogpt importable) instead of installing .venv
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh
-A=".venv/bin/aogpt"
-DATA=${QUICKSTART_DATA:-data/shakespeare-bpe4096}
-RUN=${QUICKSTART_RUN:-runs/quickstart-$(date +%Y%m%d-%H%M%S)}
+if [ -n "${QUICKSTART_PYTHON:-}" ]; then
+  PY=$QUICKSTART_PYTHON
+  COMMAND="$PY -m aogpt"
+else
+  bash scripts/install.sh
+  PY=.venv/bin/python
+  COMMAND=.venv/bin/aogpt
+fi
+aogpt() { "$PY" -m aogpt "$@"; }
+PRESET=${QUICKSTART_PRESET:-quickstart}
 MINUTES=${QUICKSTART_MINUTES:-10}
-PRESET=${QUICKSTART_PRESET:-cpu-small}
+CORPUS=${QUICKSTART_CORPUS:-shakespeare}
+TOKENIZER=${QUICKSTART_TOKENIZER:-bpe:512}
+DATA=${QUICKSTART_DATA:-data/$(basename "${CORPUS%.*}")-${TOKENIZER/:/}}
+RUN=${QUICKSTART_RUN:-runs/quickstart-$(date +%Y%m%d-%H%M%S)}
 SEED=${QUICKSTART_SEED:-1337}
+read -r -a TRAIN_FLAGS <<< "${QUICKSTART_TRAIN_FLAGS:-}"
+read -r -a BENCH_FLAGS <<< "${QUICKSTART_BENCH_FLAGS:---n 128 --steps 16,128 --repeats 1 --methods aogpt,encoder,gpt}"
+SAMPLING=(--temperature 0.8 --top-p 0.9 --seed "$SEED" --no-progress)
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-step "1/5 prepare: Shakespeare (38 plays; Hamlet, The Tempest, Julius Caesar held out) -> $DATA"
+step "1/5 prepare: $CORPUS, tokenizer $TOKENIZER -> $DATA"
+if [ "$CORPUS" = shakespeare ]; then
+  echo "38 plays; Hamlet, The Tempest and Julius Caesar are held out for validation"
+fi
 if [ -f "$DATA/meta.json" ]; then
   echo "already prepared: $DATA (delete it to rebuild)"
 else
-  $A prepare --corpus shakespeare --tokenizer bpe:4096 --out "$DATA"
+  aogpt prepare --corpus "$CORPUS" --tokenizer "$TOKENIZER" --out "$DATA"
 fi
 
-step "2/5 train: AO-GPT $PRESET (850 steps, capped at $MINUTES minutes) -> $RUN"
-$A train --preset "$PRESET" --variant aogpt --data "$DATA" --out "$RUN" --max-minutes "$MINUTES" --seed "$SEED"
+step "2/5 train: AO-GPT, preset $PRESET, at most $MINUTES minutes -> $RUN"
+mkdir -p "$RUN"
+# The last stdout line of --json is the run's summary: kept for the closing line, not shown.
+aogpt train --preset "$PRESET" --variant aogpt --data "$DATA" --out "$RUN" --max-minutes "$MINUTES" \
+  --seed "$SEED" --json "${TRAIN_FLAGS[@]}" | while IFS= read -r line; do
+  case $line in
+    '{'*) printf '%s\n' "$line" > "$RUN/train-summary.json" ;;
+    *) printf '%s\n' "$line" ;;
+  esac
+done
 
-step "3/5 evaluate the EMA weights on the held-out plays"
-$A eval --checkpoint "$RUN" --data "$DATA" --order l2r --max-batches 40
-$A eval --checkpoint "$RUN" --data "$DATA" --order random --num-orders 4 --max-batches 10
+step "3/5 evaluate the EMA weights on the held-out text (lower is better; bits per byte compare across tokenizers)"
+aogpt eval --checkpoint "$RUN" --data "$DATA" --order l2r,random --num-orders 1 --seed "$SEED"
 
-step "4/5 samples (EMA weights, KV cache, Lemma 4.1 Bernoulli unmasking)"
-echo "settings: 3 samples, 96 tokens, 48 steps, temperature 0.8, top-p 0.9, random order, seed $SEED"
-$A sample --checkpoint "$RUN" --num-samples 3 --length 96 --steps 48 --temperature 0.8 --top-p 0.9 --seed "$SEED"
+step "4/5 samples from the EMA weights (temperature 0.8, top-p 0.9)"
+echo "-- left to right: one token per step, each drawn given the tokens before it, as a GPT generates --"
+aogpt sample --checkpoint "$RUN" --order l2r "${SAMPLING[@]}"
 echo
-echo "infilling (each [MASK:k] is k tokens; the given text is never changed):"
-$A sample --checkpoint "$RUN" --infill "HAMLET:
+echo "-- random order: the same model reveals positions in a random order, each token drawn given the"
+echo "   tokens revealed so far, wherever they are (any-order generation, with the KV cache) --"
+aogpt sample --checkpoint "$RUN" --order random "${SAMPLING[@]}"
+echo
+echo "-- infilling: the given text is kept; each [MASK:k] is k tokens, filled in a random order --"
+INFILL="HAMLET:
 To be, or not to be, [MASK:12]
 [MASK:16]
 OPHELIA:
-[MASK:10]" --steps 19 --temperature 0.8 --top-p 0.9 --seed "$SEED"
+[MASK:10]"
+echo "template: $INFILL"
+echo "filled:"
+aogpt sample --checkpoint "$RUN" --infill "$INFILL" "${SAMPLING[@]}"
 
-step "5/5 speed: decoder with KV cache vs encoder-only MDM (random weights, 4 x 256, n = 128, batch 8)"
-$A bench generate --n 128 --steps 16,128 --repeats 1 --methods aogpt,encoder,gpt --out "$RUN/bench"
+step "5/5 speed: AO-GPT with its KV cache against an encoder-only masked diffusion model and a left-to-right GPT"
+aogpt bench generate "${BENCH_FLAGS[@]}" --out "$RUN/bench" --no-progress
 
 echo
-echo "run directory: $RUN  (loss plot: $RUN/loss.png, metrics: $RUN/metrics.jsonl)"
+"$PY" - "$RUN" "$PRESET" "$CORPUS" "$TOKENIZER" "$COMMAND" <<'EOF'
+import json, sys
+from pathlib import Path
+
+run, preset, corpus, tokenizer, command = sys.argv[1:]
+s = json.loads((Path(run) / "train-summary.json").read_text())
+bpb = s.get("bpb/l2r/ema")
+reached = f", {bpb:.2f} bits/byte left to right" if bpb is not None else ""
+early = " (cut short by the time limit: QUICKSTART_MINUTES=20 gives it more)" if s["stopped_by"] == "time" else ""
+print(f"Done: AO-GPT (preset {preset}) trained {s['step']:,} of {s['planned_steps']:,} steps on {corpus} "
+      f"({tokenizer}){early}{reached}. Run: {run} (loss plot {s.get('plot') or run + '/loss.png'}, speed table "
+      f"{run}/bench/generate.md). Next: {command} sample --checkpoint {run} --prompt 'ROMEO:'")
+EOF

@@ -9,6 +9,9 @@ and context-order ensembling (paper Eq. 4).
   (Monte-Carlo error of the bound *on this data*, not sampling error of the data) and a 95% Student-t
   interval. Fixed seeds make it reproducible.
 * Context-order ensembling (paper Eq. 4) and its subset-of-positions estimator: `aogpt.ensemble`.
+* Bits per byte (`aogpt.measures`): given the bytes behind each token id (``byte_lengths``, from
+  `aogpt.data.Tokenizer.byte_lengths`), the result also holds the UTF-8 bytes of the scored tokens
+  and the NLL in bits per byte, which compares across tokenizers.
 * Explicit orders (a permutation for every sequence, or one per sequence) are scored exactly, and
   ``per_sequence=True`` keeps every sequence's NLL and the orders drawn (`EvalResult`).
 * `conditional_logprobs`: log p(x_t | a context read in a given order) for any targets t.
@@ -39,6 +42,7 @@ from torch import nn
 from aogpt.ensemble import draw_steps, ensemble_losses, ensemble_sequence_nll
 from aogpt.errors import AOGPTError
 from aogpt.families import ModelFamily, family_of, unwrap
+from aogpt.measures import bits_per_byte
 from aogpt.orders import OrderSampler, check_permutation, is_left_to_right, make_order_sampler
 
 
@@ -65,9 +69,20 @@ class EvalResult:
     seconds: float = 0.0
     sequence_nlls: list[list[float]] | None = None
     orders: list[list[list[int]] | None] | None = None
+    bytes: int | None = None  # UTF-8 bytes of the scored tokens, when their byte lengths were given
+    bpb: float | None = None  # the NLL in bits per byte
+    bpb_ci95: tuple[float, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def add_bytes(self, num_bytes: int) -> None:
+        """Record the scored text's bytes and express the NLL (and its interval) in bits per byte."""
+        self.bytes = int(num_bytes)
+        self.bpb = bits_per_byte(self.nll, self.tokens, self.bytes)
+        if self.ci95 is not None:
+            lo, hi = self.ci95
+            self.bpb_ci95 = (bits_per_byte(lo, self.tokens, self.bytes), bits_per_byte(hi, self.tokens, self.bytes))
 
 
 def summarize(sums: np.ndarray, tokens: int, sequences: int, order: str, ensemble: int = 1,
@@ -183,14 +198,16 @@ def _check_batch(idx: torch.Tensor, config: Any) -> None:
 def evaluate(model: nn.Module, data: torch.Tensor | Iterable[torch.Tensor], *, order: OrderArg = "l2r",
              num_orders: int = 1, ensemble: int = 1, ensemble_positions: int | None = None, batch_size: int = 8,
              max_batches: int | None = None, seed: int = 0, token_budget: int | None = None,
-             progress: Any = None, per_sequence: bool = False) -> EvalResult:
+             progress: Any = None, per_sequence: bool = False,
+             byte_lengths: torch.Tensor | np.ndarray | None = None) -> EvalResult:
     """Mean NLL per token of `data` ((N, n) token ids, or an iterable of (B, n) batches).
 
     order: see `resolve_order`; fixed and explicit orders are deterministic, so K collapses to 1.
     ensemble: M members per conditional (1 = none); ensemble_positions: ensemble only that many
     random steps per sequence (unbiased estimator, `aogpt.ensemble`). progress: an object with
     ``update(n)`` (e.g. a tqdm bar), advanced by one per batch. per_sequence: keep every sequence's
-    NLL and the orders drawn in the result.
+    NLL and the orders drawn in the result. byte_lengths: the UTF-8 bytes behind each token id
+    (`aogpt.data.Tokenizer.byte_lengths`); the result then also gives bits per byte.
     """
     model = unwrap(model)  # accept aogpt.load()'s Loaded
     check_request(model, order, num_orders, ensemble, ensemble_positions)
@@ -205,7 +222,8 @@ def evaluate(model: nn.Module, data: torch.Tensor | Iterable[torch.Tensor], *, o
     sums = np.zeros(K)
     per_seq: list[list[torch.Tensor]] = [[] for _ in range(K)]
     drawn: list[list[torch.Tensor | None]] = [[] for _ in range(K)]
-    tokens = sequences = 0
+    tokens = sequences = num_bytes = 0
+    lengths = None if byte_lengths is None else torch.tensor(np.asarray(byte_lengths), dtype=torch.long)
     start = time.perf_counter()
     was_training = model.training
     model.eval()
@@ -225,6 +243,8 @@ def evaluate(model: nn.Module, data: torch.Tensor | Iterable[torch.Tensor], *, o
                     drawn[k].append(None if used is None else used.cpu())
             tokens += idx.numel()
             sequences += idx.shape[0]
+            if lengths is not None:
+                num_bytes += int(lengths[batch.to(dtype=torch.long).cpu()].sum())
             if progress is not None:
                 progress.update(1)
     finally:
@@ -236,6 +256,8 @@ def evaluate(model: nn.Module, data: torch.Tensor | Iterable[torch.Tensor], *, o
     if per_sequence:
         res.sequence_nlls = [torch.cat(rows).tolist() for rows in per_seq]
         res.orders = [None if any(o is None for o in rows) else torch.cat(rows).tolist() for rows in drawn]
+    if lengths is not None:
+        res.add_bytes(num_bytes)
     return res
 
 

@@ -5,7 +5,7 @@ redrawn bar would flood it, so instead a `Heartbeat` prints one plain line at mo
 `AOGPT_HEARTBEAT_SECONDS` seconds (default 30, read when the bar is made) and one at the end (none
 when nothing was done or the work failed, so a refused input prints its error line alone):
 
-    train: 120/850 steps (14%), loss 5.123, tok_s 4,500, elapsed 1m10s, ETA 6m02s
+    train: 120/850 steps (14%), loss 5.123, 4,500 tok/s, elapsed 1m10s, ETA 6m02s
 
 Both answer the same calls: `update`, `set_postfix`, `set_postfix_str`, `set_description`, `close`,
 the context manager, `n` and `total`. `disable=True` shows nothing at all.

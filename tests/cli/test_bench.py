@@ -14,7 +14,7 @@ def restore_threads():
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("name", ["generate", "density", "train", "eval", "prepare", "adaptive"])
+@pytest.mark.parametrize("name", ["generate", "density", "train", "eval", "prepare", "adaptive", "recipe"])
 def test_help(cli, name):
     res = cli("bench", name, "--help")
     assert res.code == 0 and "--quick" in res.out and "--json" in res.out and "--seed" in res.out
@@ -131,7 +131,8 @@ def test_prepare_workers_bench_json(cli, tmp_path):
     (["prepare", "--workers-bench", "--corpus", "shakespeare"], "not used by --workers-bench"),
     (["prepare", "--device", "cpu"], "unrecognized arguments"),
 ])
-def test_bad_input_exits_2(cli, tmp_path, args, message):
+def test_bad_input_exits_2(cli, tmp_path, monkeypatch, args, message):
+    monkeypatch.setattr("os.getloadavg", lambda: (0.0, 0.0, 0.0))  # no busy-machine note: the error alone
     res = cli("bench", *args, "--out", tmp_path, "--no-progress")
     assert res.code == 2
     # on a machine busier than its CPUs the thread note comes first: the error is still one line
@@ -154,3 +155,25 @@ def test_adaptive_quick_json(cli, tmp_path):
         assert (tmp_path / name).is_file()
     bad = cli("bench", "adaptive", "--quick", "--orders", "sideways", "--out", tmp_path, "--threads", "1")
     assert bad.code == 2 and bad.err.startswith("error: unknown order(s) sideways")
+
+
+def test_recipe_quick_json(cli, tmp_path):
+    res = cli("bench", "recipe", "--quick", "--data-root", tmp_path / "data", "--out", tmp_path, "--json",
+              "--no-progress")
+    assert res.code == 0, res.err
+    row = res.json["rows"][0]
+    assert res.json["command"] == "bench recipe" and row["name"] == "quick" and row["steps"] == 3
+    assert row["l2r_ema"]["bpb"] > 0 and (tmp_path / "recipe.md").is_file() and (tmp_path / "recipe.json").is_file()
+    assert "bpb l2r EMA" in res.out
+    assert torch.get_num_threads() == 1  # one thread unless told: CPU time per step is what it compares
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("--candidates", "nope", "--steps", "2"), "unknown candidate"),
+    (("--candidates", "old-cpu-small"), "no budget per candidate"),
+    (("--candidate", "x:lr=0.01", "--steps", "0"), "--steps: must be in [1,"),
+    (("--candidates", "old-cpu-small", "--calibrate", "1"), "--calibrate: must be in [2,"),
+])
+def test_recipe_bad_input(cli, tmp_path, args, fragment):
+    res = cli("bench", "recipe", "--data-root", tmp_path, *args)
+    assert res.code == 2 and res.err.startswith("error: ") and fragment in res.err, res.err

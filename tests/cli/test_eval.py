@@ -57,6 +57,10 @@ def test_l2r_json_summary_matches_a_direct_forward(ckpts: dict, capsys: pytest.C
     assert s["tokens"] == blocks.numel() and s["step"] == 10 and s["weights"] == "ema"
     assert s["nll"] == pytest.approx(want, abs=1e-5) and s["ppl"] == pytest.approx(math.exp(s["nll"]))
     assert s["se"] is None and s["results"][0]["order"] == "l2r"
+    text_bytes = len(bytes(blocks[blocks != 256].tolist()))  # the scored text's bytes; EOT stands for none
+    assert s["bytes"] == text_bytes
+    assert s["bpb"] == pytest.approx(want * blocks.numel() / text_bytes / math.log(2), abs=1e-5)
+    assert f"bits/byte {s['bpb']:.4f}" in out
 
 
 def test_orders_and_table(ckpts: dict, capsys: pytest.CaptureFixture) -> None:

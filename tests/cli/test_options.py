@@ -44,6 +44,7 @@ BASES = {  # an invocation that is valid on its own; the random options are adde
                           "--k", "2", "--out", "{t}/b", "--no-progress"],
     "bench adaptive": ["bench", "adaptive", "--quick", "--no-text", "--out", "{t}/b", "--work", "{t}/w",
                        "--no-progress"],
+    "bench recipe": ["bench", "recipe", "--quick", "--data-root", "{t}/d", "--out", "{t}/b", "--no-progress"],
     "reproduce": ["reproduce", "--quick", "--out", "{t}/rep", "--no-progress"],
     "compare": ["compare", "{run}", "{run}", "--out", "{t}/cmp"],
     "harness": ["harness", "--checkpoint", "{run}", "--tasks", "aogpt_last_word", "--include-path", "{harness}"],
@@ -74,6 +75,8 @@ STAND_INS = [  # where each command's work begins, after every check
     "aogpt.bench.speculative.bench_speculative",
     "aogpt.bench.adaptive.bench_adaptive",
     "aogpt.reproduce.pipeline.prepare_data",
+    "aogpt.bench.recipe.sweep",
+    "aogpt.bench.recipe.thread_speedup",
     "aogpt.hf.harness.AOGPTLM",
 ]
 

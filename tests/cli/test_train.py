@@ -32,12 +32,26 @@ def test_train_json_summary_checkpoint_and_plot(cli, bytes_data, tmp_path):
     assert summary["step"] == 4 and summary["checkpoint"].endswith("ckpt-0000004")
     assert {"val/l2r/ema", "val/any/ema", "val/l2r/raw", "val/any/raw", "tokens_per_s"} <= set(summary)
     assert (out / "loss.png").is_file() and (out / "metrics.jsonl").is_file() and (out / "run.json").is_file()
-    assert "perplexity" in result.out
+    assert "perplexity" in result.out and "bits/byte" in result.out and "4 of 4 planned steps" in result.out
+    assert result.out.startswith("training aogpt (2 layers, width 32, context 32) for 4 steps of 8 x 32 tokens")
+    assert summary["bpb/l2r/ema"] > 0 and summary["planned_steps"] == 4 and summary["stopped_by"] == "max_steps"
+    assert "warning" not in result.out
     import aogpt
 
     loaded = aogpt.load(out)
     assert loaded.config.variant == "aogpt" and loaded.tokenizer.spec == "bytes" and loaded.step == 4
     assert loaded.config.vocab_size == 320  # bytes: 257 ids padded to a multiple of 64
+
+
+def test_a_time_limit_that_cuts_the_run_short_is_said(cli, bytes_data, tmp_path):
+    result = cli("train", "--preset", "tiny", "--data", bytes_data, "--out", tmp_path / "run", "--max-steps", "500",
+                 "--max-minutes", "0.00001", "--json")
+    assert result.code == 0, result.err
+    s = result.json
+    assert s["stopped_by"] == "time" and s["step"] < 500 and s["planned_steps"] == 500
+    warning = next(line for line in result.out.splitlines() if line.startswith("warning:"))
+    assert f"after {s['step']} of 500 planned steps" in warning and "samples will be poor" in warning
+    assert "time limit of 1e-05 minutes reached" in result.err
 
 
 def test_extend_to_keeps_the_schedule_and_equals_an_uninterrupted_run(cli, bytes_data, tmp_path):

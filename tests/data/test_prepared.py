@@ -76,6 +76,26 @@ def test_prepare_bpe_is_deterministic(tmp_path) -> None:
     assert d.tokenizer.decode(ids[ids != d.eot_id]) == val_text
 
 
+def test_prepare_records_the_utf8_bytes_of_each_split(tmp_path) -> None:
+    """meta.json's bytes are the UTF-8 length of the split's text; folders prepared without them count
+    them from their ids."""
+    prepare("shakespeare", "bpe:512", tmp_path / "a", progress=False, max_docs=2)
+    d = PreparedData(tmp_path / "a")
+    for split in ("train", "val"):
+        text = "".join(load_corpus("shakespeare", max_docs=2).documents(split))
+        assert d.meta["splits"][split]["bytes"] == d.num_bytes(split) == len(text.encode("utf-8"))
+    meta = json.loads((tmp_path / "a" / "meta.json").read_text())
+    for info in meta["splits"].values():
+        del info["bytes"]
+    (tmp_path / "a" / "meta.json").write_text(json.dumps(meta))
+    legacy = PreparedData(tmp_path / "a")
+    assert "bytes" not in legacy.meta["splits"]["val"]
+    assert legacy.num_bytes("val") == d.num_bytes("val") and legacy.num_bytes("train") == d.num_bytes("train")
+    lengths = legacy.token_byte_lengths()
+    window = torch.from_numpy(np.asarray(legacy.split("val")[:300], dtype=np.int64))
+    assert int(lengths[window].sum()) == len(legacy.tokenizer.decode(window[window != legacy.eot_id]).encode())
+
+
 def test_split_pieces_do_not_change_ids() -> None:
     play = next(load_corpus("shakespeare", max_docs=1).documents("train"))[:60_000]
     text = play + "tricky  \n\n\n  spaces\n\t\nx\n \n" * 50

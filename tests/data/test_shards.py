@@ -80,6 +80,9 @@ def test_shards_concatenate_to_the_unsharded_stream(tmp_path, owt) -> None:
         assert np.array_equal(stream(many, split), want[split])
         assert many.num_tokens(split) == len(want[split])
         assert many.meta["splits"][split]["documents"] == one.meta["splits"][split]["documents"]
+        texts_of_split = texts[:-VAL_DOCS] if split == "train" else texts[-VAL_DOCS:]
+        utf8 = sum(len(t.encode()) for t in texts_of_split if t.strip())  # blank documents write nothing
+        assert many.meta["splits"][split]["bytes"] == one.meta["splits"][split]["bytes"] == utf8
     infos = many.shard_info("train")
     assert len(infos) == -(-len(want["train"]) // SHARD) > 20
     assert [s["file"] for s in infos[:2]] == ["train-00000.bin", "train-00001.bin"]

@@ -89,6 +89,22 @@ def test_decode_accepts_arrays_and_drops_padding_ids(any_tok: tk.Tokenizer) -> N
     assert any_tok.decode([]) == ""
 
 
+def test_byte_lengths_count_the_utf8_bytes_of_any_ids(any_tok: tk.Tokenizer) -> None:
+    """The bytes behind the ids of a text are the text's UTF-8 bytes, whatever the tokenizer; EOT has none."""
+    lengths = any_tok.byte_lengths()
+    assert lengths.shape == (any_tok.vocab_size,) and lengths[any_tok.eot_id] == 0
+    assert (np.delete(lengths, any_tok.eot_id) >= 1).all()
+    for text in TRICKY + CORPUS:
+        ids = any_tok.encode(text)
+        assert lengths[ids].sum() == len(text.encode("utf-8")), text
+        assert lengths[ids + [any_tok.eot_id]].sum() == len(text.encode("utf-8"))
+    # every single id: its bytes are those its decoding spells (whole characters or not)
+    for i in np.random.default_rng(0).choice(any_tok.vocab_size, size=min(200, any_tok.vocab_size), replace=False):
+        if i != any_tok.eot_id:
+            one = any_tok.decode([int(i)] * 4)  # 4 copies: cut characters still decode to U+FFFD only
+            assert "\ufffd" in one or len(one.encode("utf-8")) == 4 * lengths[i]
+
+
 def test_bytes_tokenizer() -> None:
     tok = load_tokenizer("bytes")
     assert (tok.vocab_size, tok.eot_id, tok.padded_vocab_size) == (257, 256, 320)

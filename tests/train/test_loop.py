@@ -59,3 +59,32 @@ def test_training_in_pieces_equals_one_uninterrupted_run(tmp_path):
         last = piece.fit(until=stop)
     assert last["stopped_by"] == "max_steps" and last["step"] == 12
     assert records(tmp_path / "whole") == records(tmp_path / "pieces")
+
+
+def test_progress_note_shows_validation_and_foresees_a_time_limit(tmp_path):
+    from aogpt.train.loop import progress_note
+
+    t = make(None, max_steps=850, max_minutes=10.0)
+    t.step, t.train_seconds = 100, 60.0  # 0.6 s a step: 540 s left buy 900 steps, more than the 750 to go
+    assert progress_note(t, 5.1234, 4500.0, 0.6) == "loss 5.123, 4,500 tok/s"
+    t.last_eval = {"val/l2r/ema": 5.5, "bpb/l2r/ema": 2.714}
+    t.train_seconds = 300.0  # 300 s left buy 500 more steps: the limit stops the run at about step 600
+    assert progress_note(t, 5.0, 4500.0, 0.6) == ("loss 5.000, 4,500 tok/s, val 2.71 bits/byte, "
+                                                  "time limit: about 600 of 850 steps")
+    t.last_eval = {"val/l2r/ema": 5.5}  # random tokens: no bytes, the loss instead
+    t.cfg.max_minutes = 0.0
+    assert progress_note(t, 5.0, 4500.0, 0.6) == "loss 5.000, 4,500 tok/s, val loss 5.500"
+
+
+def test_heartbeat_lines_of_a_run_under_a_time_limit(tmp_path, monkeypatch, capsys):
+    """In a log (stderr not a terminal) the run prints heartbeat lines with the step count and an ETA,
+    and says when the time limit stops it."""
+    monkeypatch.setenv("AOGPT_HEARTBEAT_SECONDS", "0")
+    t = make(None, max_steps=10**6, max_minutes=0.005, log_interval=1)
+    t.show_progress = True
+    summary = t.fit()
+    err = capsys.readouterr().err
+    assert summary["stopped_by"] == "time" and 0 < summary["step"] < 10**6
+    beats = [line for line in err.splitlines() if line.startswith("train: ")]
+    assert len(beats) >= 2 and "ETA" in beats[0] and any("time limit: about" in b for b in beats)
+    assert f"reached after {summary['step']} of 1000000 steps: stopping early" in err

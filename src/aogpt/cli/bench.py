@@ -4,50 +4,30 @@ evaluation and of data preparation, on your hardware. Behaviour and decisions: d
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 from typing import Any
 
-from aogpt.cli.common import add_common, config_arg, emit_json, finite_float, int_arg, path_arg, positive_int, progress
+from aogpt.cli.bench_common import (
+    BATCH,
+    LENGTH,
+    LONG_RUN,
+    REPEATS,
+    THREADS,
+    progress_bar,
+    report,
+    run_flags,
+    setup,
+    size_flags,
+)
+from aogpt.cli.bench_training import add_training_benchmarks
+from aogpt.cli.common import config_arg, finite_float, int_arg, positive_int
 from aogpt.cli.prepare import MAX_WORKERS
-from aogpt.config import ModelConfig
 from aogpt.errors import AOGPTError
-from aogpt.generation.settings import DecodePlan
 from aogpt.sampling import SamplingConfig
 
 HELP = ("speed benchmarks: generation time vs steps (paper Fig. 5), exact-likelihood cost, training steps, "
-        "evaluation, data preparation; and puzzle solving with adaptive orders")
-LENGTH = config_arg(ModelConfig, "block_size")  # tokens per sequence: a model context
-REPEATS = int_arg(ge=1, le=1000)  # runs per measurement (or timed steps)
-BATCH = int_arg(ge=1, le=2**20)
-THREADS = int_arg(ge=1, le=4096)
-LONG_RUN = finite_float(gt=0, le=1e6)  # seconds
+        "evaluation, data preparation, puzzle solving with adaptive orders; and the recipe sweep (what learns most "
+        "for a fixed compute)")
 EPILOG = "Random weights by default (timing does not depend on them); see docs/benchmarks.md."
-
-
-def _size_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model size (equal for every contender; default 4 layers / 256 / 4 heads / 8192)")
-    g.add_argument("--layers", type=config_arg(ModelConfig, "n_layer"), default=None, metavar="L",
-                   help="transformer blocks")
-    g.add_argument("--width", type=config_arg(ModelConfig, "n_embd"), default=None, metavar="D", help="embedding width")
-    g.add_argument("--heads", type=config_arg(ModelConfig, "n_head"), default=None, metavar="H", help="attention heads")
-    g.add_argument("--vocab", type=config_arg(ModelConfig, "vocab_size"), default=None, metavar="V",
-                   help="vocabulary size")
-
-
-def _run_flags(p: argparse.ArgumentParser, checkpoints: bool = True, device: bool = True) -> None:
-    p.add_argument("--quick", action="store_true", help="a tiny smoke configuration that runs in seconds")
-    if device:
-        p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
-        p.add_argument("--threads", type=THREADS, default=None, metavar="N",
-                       help="CPU threads for torch (default: torch's)")
-    p.add_argument("--out", type=path_arg, default=Path("bench-results"), metavar="DIR",
-                   help="where the markdown table and JSON (and PNG) go (default bench-results)")
-    if checkpoints:
-        p.add_argument("--checkpoint", action="append", default=[], metavar="VARIANT=PATH",
-                       help="time trained weights instead of random ones (repeatable; sizes must match)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_common(p)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -73,8 +53,8 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("--repeats", type=REPEATS, default=None, help="runs per measurement, median reported (default 3)")
     g.add_argument("--long-run", type=LONG_RUN, default=20.0, metavar="S",
                    help="measurements whose first run takes longer than S seconds are not repeated (default 20)")
-    _size_flags(g)
-    _run_flags(g)
+    size_flags(g)
+    run_flags(g)
     g.set_defaults(func=run_generate)
 
     d = sub.add_parser("density", help="cost of one exact likelihood: decoder 1 pass vs encoder n passes",
@@ -84,8 +64,8 @@ def add_parser(subparsers: Any) -> None:
     d.add_argument("--batch", type=BATCH, default=None, help="sequences scored together (default 1)")
     d.add_argument("--repeats", type=REPEATS, default=None, help="runs per measurement, median reported (default 3)")
     d.add_argument("--long-run", type=LONG_RUN, default=20.0, metavar="S", help="do not repeat runs longer than S s")
-    _size_flags(d)
-    _run_flags(d)
+    size_flags(d)
+    run_flags(d)
     d.set_defaults(func=run_density)
 
     sp = sub.add_parser("speculative", help="exact self-speculative decoding against one token per step",
@@ -104,7 +84,7 @@ def add_parser(subparsers: Any) -> None:
                     help="runs per measurement, median reported (default 3)")
     sp.add_argument("--temperature", type=finite_float(gt=0), default=1.0, help="sampling temperature (default 1)")
     sp.add_argument("--top-p", type=finite_float(gt=0, le=1), default=1.0, help="nucleus threshold (default 1)")
-    _run_flags(sp, checkpoints=False)
+    run_flags(sp, checkpoints=False)
     sp.set_defaults(func=run_speculative)
 
     t = sub.add_parser("train", help="training-step throughput of gpt, sigma, aogpt and encoder-mdm",
@@ -116,8 +96,8 @@ def add_parser(subparsers: Any) -> None:
     t.add_argument("--variants", default=None, metavar="V,V,...", help="default gpt,sigma,aogpt,encoder-mdm")
     t.add_argument("--steps", type=REPEATS, default=None, help="timed steps per variant, median reported (default 5)")
     t.add_argument("--warmup", type=int_arg(ge=0, le=1000), default=None, help="untimed steps first (default 2)")
-    _size_flags(t)
-    _run_flags(t, checkpoints=False)
+    size_flags(t)
+    run_flags(t, checkpoints=False)
     t.set_defaults(func=run_train)
 
     e = sub.add_parser("eval", help="evaluation tokens/s against training, and the cost of an ensemble member",
@@ -131,8 +111,8 @@ def add_parser(subparsers: Any) -> None:
                    help="ensemble size for the per-member cost, at least 2 (default 4)")
     e.add_argument("--repeats", type=REPEATS, default=None, help="runs per measurement, median reported (default 5)")
     e.add_argument("--long-run", type=LONG_RUN, default=20.0, metavar="S", help="do not repeat runs longer than S s")
-    _size_flags(e)
-    _run_flags(e, checkpoints=False)
+    size_flags(e)
+    run_flags(e, checkpoints=False)
     e.set_defaults(func=run_eval)
 
     r = sub.add_parser("prepare", help="time `aogpt prepare`, or tokenizer worker processes against threads",
@@ -153,54 +133,16 @@ def add_parser(subparsers: Any) -> None:
                    help="worker processes (default 2)")
     w.add_argument("--synthetic-mb", type=finite_float(gt=0, le=1000), default=None, metavar="MB",
                    help="megabytes of synthetic text (default 40; quick 0.5)")
-    _run_flags(r, checkpoints=False, device=False)
+    run_flags(r, checkpoints=False, device=False)
     r.set_defaults(func=run_prepare)
 
-    a = sub.add_parser("adaptive", help="puzzle solve rates with random, left-to-right and adaptive orders",
-                       description="Prepare a synthetic task, train AO-GPT (uniform orders) and the encoder-only MDM "
-                       "on it (a few CPU minutes each, or pass --checkpoint), solve fresh minimal puzzles with "
-                       "random, left-to-right and the adaptive orders confidence, margin and entropy over several "
-                       "seeds (95% Wilson intervals), and measure how much log p(x) differs across orders, also on "
-                       "text; writes DIR/adaptive.md, .json and .png. Trained runs are kept in --work and reused.")
-    a.add_argument("--task", default=None, help="synthetic task: walk (default), sudoku4 or sudoku6")
-    a.add_argument("--puzzles", type=int_arg(ge=1, le=10**6), default=None, help="puzzles per seed (default 200)")
-    a.add_argument("--seeds", type=int_arg(ge=1, le=1000), default=None,
-                   help="puzzle sets, each with its own seed (default 3)")
-    a.add_argument("--orders", default=None, metavar="O,O,...",
-                   help="random, l2r, confidence, margin, entropy (default: all)")
-    a.add_argument("--temperature", type=config_arg(SamplingConfig, "temperature"), default=None,
-                   help="sample the tokens at this temperature (default: greedy, the most likely token)")
-    a.add_argument("--candidates", type=config_arg(DecodePlan, "candidates"), default=None, metavar="C",
-                   help="adaptive orders score C random remaining positions per step (default: all)")
-    a.add_argument("--threshold", type=config_arg(DecodePlan, "threshold"), default=None, metavar="P",
-                   help="adaptive orders also reveal every position whose top probability is at least P")
-    a.add_argument("--train-steps", type=int_arg(ge=1, le=10**7), default=None, metavar="N",
-                   help="training steps of each model on the task (default 2500)")
-    a.add_argument("--layers", type=config_arg(ModelConfig, "n_layer"), default=None,
-                   help="blocks of the trained models (default 3)")
-    a.add_argument("--width", type=config_arg(ModelConfig, "n_embd"), default=None, help="their width (default 128)")
-    a.add_argument("--heads", type=config_arg(ModelConfig, "n_head"), default=None,
-                   help="their attention heads (default 4)")
-    a.add_argument("--no-text", action="store_true", help="skip the text model of the log-likelihood spread")
-    a.add_argument("--text-steps", type=int_arg(ge=1, le=10**7), default=None, metavar="N",
-                   help="training steps of the small Shakespeare AO-GPT (default 600)")
-    a.add_argument("--text-checkpoint", type=path_arg, default=None, metavar="RUN",
-                   help="measure the spread on this text model instead (with --text-data)")
-    a.add_argument("--text-data", type=path_arg, default=None, metavar="DIR",
-                   help="prepared text for --text-checkpoint")
-    a.add_argument("--spread-orders", type=int_arg(ge=1, le=10**5), default=None, metavar="K",
-                   help="orders per sequence (default 16)")
-    a.add_argument("--spread-sequences", type=int_arg(ge=1, le=10**6), default=None, metavar="M",
-                   help="sequences whose spread is measured (default 64)")
-    a.add_argument("--work", type=path_arg, default=None, metavar="DIR",
-                   help="where data and trained runs are kept (default runs/bench-adaptive)")
-    _run_flags(a)
-    a.set_defaults(func=run_adaptive)
+    add_training_benchmarks(sub)
 
 
 def _missing(args: argparse.Namespace) -> int:
     raise AOGPTError("no benchmark named",
-                     "use `aogpt bench generate`, `speculative`, `density`, `train`, `eval`, `prepare` or `adaptive` "
+                     "use `aogpt bench generate`, `speculative`, `density`, `train`, `eval`, `prepare`, `adaptive` "
+                     "or `recipe` "
                      "(`aogpt bench --help`)")
 
 
@@ -226,56 +168,11 @@ def _size(args: argparse.Namespace, quick: Any) -> Any:
     return Size(*values)
 
 
-def _setup(args: argparse.Namespace) -> None:
-    """The output folder made (so an unwritable --out fails now, not after the timings); threads: as
-    asked, else 1 when the machine is busier than it has CPUs (torch's threads would then wait on
-    each other and timings swing by an order of magnitude)."""
-    import os
-
-    import torch
-
-    from aogpt.io import ensure_writable_dir
-
-    ensure_writable_dir(args.out)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    elif hasattr(os, "getloadavg") and os.getloadavg()[0] > (os.cpu_count() or 1):
-        torch.set_num_threads(1)
-        args.note = (f"the machine is busy (load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs): timing "
-                     "with 1 thread (--threads N to choose)")  # told once the timing starts (`_bar`)
-
-
-def _report(args: argparse.Namespace, command: str, result: dict[str, Any], markdown: str) -> int:
-    print(markdown)
-    files = result.get("files", {})
-    if files:
-        print("\nwrote " + ", ".join(files.values()))
-    if args.json:
-        emit_json({"command": command, **{k: v for k, v in result.items() if k != "runs"}})
-    return 0
-
-
-def _bar(total: int, args: argparse.Namespace, desc: str):
-    """A progress bar and its update(done, label); a note from `_setup` is printed at the first
-    update, after the benchmark has checked its input (so an input error prints alone)."""
-    bar = progress(total=total, desc=desc, disable=args.no_progress)
-
-    def update(done: int, label: str) -> None:
-        note = getattr(args, "note", None)
-        if note:
-            bar.write(note, file=sys.stderr)
-            args.note = None
-        bar.set_postfix_str(label)
-        bar.update(done - bar.n)
-
-    return bar, update
-
-
 def run_generate(args: argparse.Namespace) -> int:
     from aogpt.bench import generate as bg
     from aogpt.bench.common import parse_checkpoints, parse_int_list
 
-    _setup(args)
+    setup(args)
     q = bg.QUICK
     steps = parse_int_list(args.steps, "steps") if args.steps else list(q["steps"] if args.quick else bg.DEFAULT_STEPS)
     methods = bg.check_methods([m.strip() for m in args.methods.split(",")]) if args.methods \
@@ -283,7 +180,7 @@ def run_generate(args: argparse.Namespace) -> int:
     n = _pick(args.n, q, "n", 256, args.quick)
     repeats = _pick(args.repeats, q, "repeats", 3, args.quick)
     total = repeats * sum(len(steps) if bg.METHODS[m].every_t else 1 for m in methods)
-    bar, update = _bar(total, args, "bench generate")
+    bar, update = progress_bar(total, args, "bench generate")
     try:
         result = bg.bench_generate(
             n=n, batch=_pick(args.batch, q, "batch", 8, args.quick), steps=steps, size=_size(args, q["size"]),
@@ -295,7 +192,7 @@ def run_generate(args: argparse.Namespace) -> int:
         bar.close()
     from aogpt.bench.generate_report import to_markdown
 
-    return _report(args, "bench generate", result, to_markdown(result))
+    return report(args, "bench generate", result, to_markdown(result))
 
 
 def run_speculative(args: argparse.Namespace) -> int:
@@ -303,7 +200,7 @@ def run_speculative(args: argparse.Namespace) -> int:
     from aogpt.bench.speculative import bench_speculative, to_markdown
     from aogpt.checkpoint import load
 
-    _setup(args)
+    setup(args)
     paths = parse_checkpoints(args.checkpoint, ("aogpt", "sigma", "gpt"))
     drafting = [v for v in ("aogpt", "sigma") if v in paths]
     if not drafting:
@@ -315,7 +212,7 @@ def run_speculative(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model = load(paths[drafting[0]], device=device)
     gpt = load(paths["gpt"], device=device) if "gpt" in paths else None
-    bar, update = _bar(args.repeats * len(ns) * len(batches) * (len(ks) + 1 + (gpt is not None)), args,
+    bar, update = progress_bar(args.repeats * len(ns) * len(batches) * (len(ks) + 1 + (gpt is not None)), args,
                        "bench speculative")
     try:
         result = bench_speculative(model, gpt=gpt, ns=ns, batches=batches, ks=ks, repeats=args.repeats,
@@ -323,17 +220,17 @@ def run_speculative(args: argparse.Namespace) -> int:
                                    top_p=args.top_p, out=args.out, progress=update)
     finally:
         bar.close()
-    return _report(args, "bench speculative", result, to_markdown(result))
+    return report(args, "bench speculative", result, to_markdown(result))
 
 
 def run_density(args: argparse.Namespace) -> int:
     from aogpt.bench import density as bd
     from aogpt.bench.common import parse_checkpoints
 
-    _setup(args)
+    setup(args)
     q = bd.QUICK
     repeats = _pick(args.repeats, q, "repeats", 3, args.quick)
-    bar, update = _bar(repeats * len(bd.VARIANTS), args, "bench density")
+    bar, update = progress_bar(repeats * len(bd.VARIANTS), args, "bench density")
     try:
         result = bd.bench_density(
             n=_pick(args.n, q, "n", 256, args.quick), batch=_pick(args.batch, q, "batch", 1, args.quick),
@@ -342,17 +239,17 @@ def run_density(args: argparse.Namespace) -> int:
             checkpoints=parse_checkpoints(args.checkpoint, bd.VARIANTS), out=args.out, progress=update)
     finally:
         bar.close()
-    return _report(args, "bench density", result, bd.to_markdown(result))
+    return report(args, "bench density", result, bd.to_markdown(result))
 
 
 def run_train(args: argparse.Namespace) -> int:
     from aogpt.bench import train_step as bt
 
-    _setup(args)
+    setup(args)
     q = bt.QUICK
     variants = [v.strip() for v in args.variants.split(",")] if args.variants else list(bt.VARIANTS)
     steps = _pick(args.steps, q, "steps", 5, args.quick)
-    bar, update = _bar(steps, args, "bench train")
+    bar, update = progress_bar(steps, args, "bench train")
     try:
         result = bt.bench_train(
             block=_pick(args.block, q, "block", 256, args.quick), batch=_pick(args.batch, q, "batch", 8, args.quick),
@@ -361,17 +258,17 @@ def run_train(args: argparse.Namespace) -> int:
             out=args.out, progress=update)
     finally:
         bar.close()
-    return _report(args, "bench train", result, bt.to_markdown(result))
+    return report(args, "bench train", result, bt.to_markdown(result))
 
 
 def run_eval(args: argparse.Namespace) -> int:
     from aogpt.bench import eval as be
 
-    _setup(args)
+    setup(args)
     q, d = be.QUICK, be.DEFAULTS
     repeats = _pick(args.repeats, q, "repeats", d["repeats"], args.quick)
     batch = _pick(args.batch, q, "batch", d["batch"], args.quick)
-    bar, update = _bar(repeats * len(be.CONTENDERS), args, "bench eval")
+    bar, update = progress_bar(repeats * len(be.CONTENDERS), args, "bench eval")
     try:
         result = be.bench_eval(
             n=_pick(args.n, q, "n", d["n"], args.quick), batch=batch, size=_size(args, q["size"]),
@@ -382,7 +279,7 @@ def run_eval(args: argparse.Namespace) -> int:
             progress=update)
     finally:
         bar.close()
-    return _report(args, "bench eval", result, be.to_markdown(result))
+    return report(args, "bench eval", result, be.to_markdown(result))
 
 
 def run_prepare(args: argparse.Namespace) -> int:
@@ -401,7 +298,7 @@ def run_prepare(args: argparse.Namespace) -> int:
 
         repeats = _pick(args.repeats, q, "repeats", 3, args.quick)
         modes = 3 if normalize_spec(args.tokenizer) == "gpt2" else 2
-        bar, update = _bar(repeats * modes, args, "bench prepare --workers-bench")
+        bar, update = progress_bar(repeats * modes, args, "bench prepare --workers-bench")
         try:
             result = bp.bench_workers(
                 tokenizer=args.tokenizer, workers=_pick(args.workers, q, "workers", d["workers"], args.quick),
@@ -410,12 +307,12 @@ def run_prepare(args: argparse.Namespace) -> int:
                 progress=update)
         finally:
             bar.close()
-        return _report(args, "bench prepare", result, bp.workers_markdown(result))
+        return report(args, "bench prepare", result, bp.workers_markdown(result))
     given = [f for f, v in (("--workers", args.workers), ("--synthetic-mb", args.synthetic_mb)) if v is not None]
     if given:
         raise AOGPTError(f"{', '.join(given)}: only for --workers-bench", "add --workers-bench, or drop them")
     repeats = _pick(args.repeats, q, "repeats", d["repeats"], args.quick)
-    bar, update = _bar(repeats, args, "bench prepare")
+    bar, update = progress_bar(repeats, args, "bench prepare")
     try:
         result = bp.bench_prepare(
             corpus=args.corpus or "shakespeare", tokenizer=args.tokenizer, repeats=repeats,
@@ -423,38 +320,4 @@ def run_prepare(args: argparse.Namespace) -> int:
             out=args.out, progress=update)
     finally:
         bar.close()
-    return _report(args, "bench prepare", result, bp.to_markdown(result))
-
-
-def run_adaptive(args: argparse.Namespace) -> int:
-    from aogpt.bench import adaptive as ba
-    from aogpt.bench.common import parse_checkpoints
-
-    d = ba.QUICK if args.quick else ba.DEFAULTS
-
-    def pick(value: Any, key: str) -> Any:
-        return d[key] if value is None else value
-
-    orders = [o.strip() for o in args.orders.split(",") if o.strip()] if args.orders else list(ba.ORDERS)
-    ba.check_orders(orders)  # input errors before anything runs
-    puzzles, seeds = pick(args.puzzles, "puzzles"), pick(args.seeds, "seeds")
-    checkpoints = parse_checkpoints(args.checkpoint, ba.MODELS)
-    _setup(args)
-    bar, update = _bar(len(ba.MODELS) * len(orders) * max(1, puzzles) * max(1, seeds), args, "bench adaptive")
-    try:
-        result = ba.bench_adaptive(
-            task=pick(args.task, "task"), train_steps=pick(args.train_steps, "train_steps"),
-            solutions=d["solutions"], puzzles=puzzles,
-            seeds=seeds, layers=pick(args.layers, "layers"), width=pick(args.width, "width"),
-            heads=pick(args.heads, "heads"), batch=d["batch"], lr=d["lr"], orders=orders,
-            temperature=args.temperature, candidates=args.candidates, threshold=args.threshold,
-            checkpoints=checkpoints, text=not args.no_text, text_steps=pick(args.text_steps, "text_steps"),
-            text_block=d["text_block"], text_checkpoint=args.text_checkpoint, text_data=args.text_data,
-            spread_sequences=pick(args.spread_sequences, "spread_sequences"),
-            spread_orders=pick(args.spread_orders, "spread_orders"), device=args.device, seed=args.seed,
-            work=args.work, out=args.out, show_progress=not args.no_progress, progress=update)
-    finally:
-        bar.close()
-    from aogpt.bench.adaptive_report import to_markdown
-
-    return _report(args, "bench adaptive", result, to_markdown(result))
+    return report(args, "bench prepare", result, bp.to_markdown(result))

@@ -126,8 +126,9 @@ def _dataset(spec: str, loaded: Any, args: argparse.Namespace, block_len: int) -
 def _fmt(r: dict) -> str:
     ci = f" (95% CI {r['ppl_ci95'][0]:.2f}-{r['ppl_ci95'][1]:.2f}, se {r['se']:.4f} nats)" if r.get("se") else ""
     ens = f" M={r['ensemble']}" + (f" S={r['ensemble_positions']}" if r.get("ensemble_positions") else "")
+    bpb = f"  bits/byte {r['bpb']:.4f}" if r.get("bpb") is not None else ""
     return (f"{r['dataset']:<16} order={r['order']} K={r['num_orders']}{ens}: nll {r['nll']:.4f}  "
-            f"ppl {r['ppl']:.2f}{ci}  tokens {r['tokens']}  ({r['seconds']:.1f} s)")
+            f"ppl {r['ppl']:.2f}{ci}{bpb}  tokens {r['tokens']}  ({r['seconds']:.1f} s)")
 
 
 def table(results: list[dict], label: str) -> str:
@@ -169,13 +170,15 @@ def _likelihoods(loaded: Any, args: argparse.Namespace, sets: list[str]) -> list
     check_fits(evaluation_bytes(loaded.config, args.batch_size * max(1, args.ensemble), block_len), device,
                "evaluation", "--batch-size or --block-len")
     results = []
+    byte_lengths = loaded.tokenizer.byte_lengths() if loaded.tokenizer is not None else None
     for spec in sets:
         data, total, info = _dataset(spec, loaded, args, block_len)
         for order in orders:
             with progress(total=total, desc=f"eval {spec} {order}") as bar:
                 res = evaluate(loaded.model, data(), order=order, num_orders=args.num_orders, ensemble=args.ensemble,
                                ensemble_positions=args.ensemble_positions, batch_size=args.batch_size,
-                               max_batches=args.max_batches, seed=args.seed, progress=bar)
+                               max_batches=args.max_batches, seed=args.seed, progress=bar,
+                               byte_lengths=byte_lengths)
             row = {"dataset": spec, **res.to_dict(), "data": info}
             print(_fmt(row), flush=True)
             results.append(row)
@@ -231,7 +234,8 @@ def run(args: argparse.Namespace) -> int:
         results = _likelihoods(loaded, args, sets)
         summary["results"] = results
         if len(results) == 1:
-            summary.update({k: results[0][k] for k in ("nll", "ppl", "tokens", "se", "ci95", "ppl_ci95")})
+            summary.update({k: results[0][k] for k in ("nll", "ppl", "bpb", "bytes", "tokens", "se", "ci95",
+                                                       "ppl_ci95", "bpb_ci95")})
         else:
             print("\n" + table(results, loaded.config.variant), flush=True)
     if wants_genppl:

@@ -125,7 +125,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"  resumed an interrupted run after {meta['resumed_documents']:,} documents")
     for name, info in splits.items():
         more = f" in {shards[name]} shards" if shards[name] > 1 else ""
-        print(f"  {name:5s} {info['tokens']:>12,} tokens  {info['documents']:>9,} documents{more}")
+        per_token = info["bytes"] / max(info["tokens"], 1)
+        print(f"  {name:5s} {info['tokens']:>12,} tokens  {info['documents']:>9,} documents  "
+              f"{info['bytes']:>14,} bytes ({per_token:.2f} per token){more}")
     if args.json:
         emit_json(
             {
@@ -140,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
                 "val_tokens": splits["val"]["tokens"],
                 "train_documents": splits["train"]["documents"],
                 "val_documents": splits["val"]["documents"],
+                "train_bytes": splits["train"]["bytes"],
+                "val_bytes": splits["val"]["bytes"],
                 "train_shards": shards["train"],
                 "val_shards": shards["val"],
                 "resumed_documents": meta["resumed_documents"],

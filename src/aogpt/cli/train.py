@@ -17,7 +17,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "directory. Runs under torchrun for DDP/FSDP.",
     )
     p.add_argument("--preset", default=None,
-                   help="size and recipe: tiny, cpu-small (default), gpt2-small, gpt2-medium")
+                   help="size and recipe: tiny, quickstart, cpu-small (default), gpt2-small, gpt2-medium")
     p.add_argument("--variant", default=None, help="gpt, sigma, aogpt (default) or encoder-mdm")
     p.add_argument("--data", type=path_arg, help="prepared data directory (from `aogpt prepare`)")
     p.add_argument("--out", type=path_arg, required=True, help="run directory (checkpoints, metrics, plot)")
@@ -82,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         plan = prepare_run(args)
         if args.dry_run:
             return _dry_run(plan, args)
+        if plan.info.is_main and plan.resume_from is None:
+            _print_plan(plan)
         summary = plan.run()
     if plan.info.is_main:
         _print_summary(summary)
@@ -101,17 +103,40 @@ def _dry_run(plan: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_summary(s: dict[str, Any]) -> None:
-    import math
+def _print_plan(plan: Any) -> None:
+    """One line before the first step: what will be trained, how long, where."""
+    from aogpt.train import accumulation_steps
 
-    print(
-        f"trained {s['step']} steps ({s['tokens_seen']:,} tokens, {s['tokens_per_s']:,.0f} tokens/s, "
-        f"stopped by {s['stopped_by']})"
-    )
-    for key in sorted(k for k in s if k.startswith("val/")):
-        _, kind, weights = key.split("/")
-        label = {"l2r": "left-to-right", "any": "any-order", "own": "own order"}.get(kind, kind)
-        print(f"  {label:>13} {weights:>3}: loss {s[key]:.4f}  perplexity {math.exp(min(s[key], 50)):.2f}")
+    mc, tc = plan.model_cfg, plan.train_cfg
+    sequences = tc.batch_size * accumulation_steps(tc, plan.info.world_size, mc.block_size) * plan.info.world_size
+    limit = f", at most {tc.max_minutes:g} minutes" if tc.max_minutes > 0 else ""
+    print(f"training {mc.variant} ({mc.n_layer} layers, width {mc.n_embd}, context {mc.block_size}) for "
+          f"{tc.max_steps:,} steps of {sequences} x {mc.block_size} tokens{limit} -> {plan.out}", flush=True)
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    """What was trained and how far it got; validation in nats, perplexity and bits per byte; a
+    warning when a time limit or a signal cut the run short; where the files are."""
+    from aogpt.measures import describe_loss
+    from aogpt.progress import duration
+
+    done, planned = s["step"], s.get("planned_steps", s["step"])
+    print(f"trained {s.get('variant', 'the model')} ({s['params'] / 1e6:.1f} M parameters) for {done:,} of {planned:,} "
+          f"planned steps: {s['tokens_seen']:,} tokens in {duration(s['train_seconds'])}, "
+          f"{s['tokens_per_s']:,.0f} tokens/s")
+    print("validation on the held-out text:")
+    keys = [k.split("/") for k in s if k.startswith("val/")]
+    for _, kind, weights in sorted(keys, key=lambda k: (k[2] != "ema", k[1] != "l2r")):
+        key = f"val/{kind}/{weights}"
+        label = "left to right" if kind == "l2r" else "any order"
+        print(f"  {label:>13}, {weights} weights: {describe_loss(s[key], s.get(f'bpb/{kind}/{weights}'))}")
+    if s["stopped_by"] == "time" and done < planned:
+        print(f"warning: the time limit ({s['max_minutes']:g} minutes) stopped training after {done:,} of {planned:,} "
+              f"planned steps ({100 * done // max(planned, 1)}%). The model is undertrained: the validation above "
+              "is what it reached, and its samples will be poor. On a busy machine allow more time "
+              "(--max-minutes) or run again when it is quieter.")
+    elif s["stopped_by"] not in ("max_steps", "time"):
+        print(f"stopped by {s['stopped_by']} after {done} of {planned} planned steps; continue with --resume")
     print(f"checkpoint: {s['checkpoint']}")
     if s.get("plot"):
         print(f"loss plot:  {s['plot']}")

@@ -3,8 +3,8 @@
 `prepare` writes a directory::
 
     train.bin, val.bin   token ids, flat, native byte order (uint16 if the vocabulary fits, else uint32)
-    meta.json            tokenizer spec and sizes, dtype, token/document counts per split, source
-                         checksums, corpus name, split rule, format version
+    meta.json            tokenizer spec and sizes, dtype, token/document/UTF-8 byte counts per split,
+                         source checksums, corpus name, split rule, format version
     tokenizer.json       for bpe:N only: the tokenizer trained on the training split
     record_tokens        (in meta.json) only for fixed-length corpora: tokens per document
 
@@ -30,6 +30,8 @@ Decisions:
   ``"restart"`` discards it); with other settings it is refused. Otherwise the partial directory is
   removed. An existing non-empty ``out`` that is not a prepared directory is never replaced.
 * bpe:N trains on (at most the first 200 M characters of) the training split only.
+* ``bytes`` of a split counts the UTF-8 bytes its ids stand for (EOT none), for bits per byte;
+  older directories compute it from their ids on first use (`PreparedData.num_bytes`).
 
 Batches: `PreparedData.get_batch` takes ``batch_size`` random windows of exactly ``block_size``
 contiguous tokens (the model predicts every token of its window); a window never crosses a shard
@@ -37,10 +39,9 @@ boundary, and window starts are uniform over all valid starts of all shards (``[
 in shard i: a shard is chosen with probability proportional to its number of valid starts). A
 fixed-length corpus (the synthetic tasks; meta.json's ``record_tokens``: every document, EOT
 included, is that many tokens) read with ``block_size == record_tokens`` gets whole documents
-instead: starts only at document boundaries, uniformly over the documents. They are
-drawn with ``torch.randint`` from the caller's ``torch.Generator`` (cheap, seedable, and its state can
-be checkpointed), a ``numpy.random.Generator``, or an int seed (a fresh generator per call: same
-seed, same batch). `PreparedData.iter_eval_batches` yields the sequential non-overlapping windows
+instead: starts only at document boundaries, uniformly over the documents. Starts are drawn with
+``torch.randint`` from the caller's ``torch.Generator`` (cheap, seedable, checkpointable), a
+``numpy.random.Generator``, or an int seed (a fresh generator per call: same seed, same batch). `PreparedData.iter_eval_batches` yields the sequential non-overlapping windows
 ``[0, B)``, ``[B, 2B)``, ... of each shard in turn (last batch may be short; a trailing partial window
 of each shard is dropped). Both read only the windows they need from the memory maps.
 """
@@ -71,7 +72,15 @@ from aogpt.data.shards import (
     split_pieces,
     write_splits,
 )
-from aogpt.data.tokenizer import Tokenizer, load_tokenizer, normalize_spec, parse_spec, tokenizer_info, train_bpe
+from aogpt.data.tokenizer import (
+    Tokenizer,
+    count_bytes,
+    load_tokenizer,
+    normalize_spec,
+    parse_spec,
+    tokenizer_info,
+    train_bpe,
+)
 from aogpt.errors import AOGPTError
 from aogpt.io import directory_lock, ensure_writable_dir, read_json, replace_dir, write_json
 
@@ -242,6 +251,9 @@ def prepare(
             )
             (work / PROGRESS_FILE).unlink(missing_ok=True)  # from here on, a crash restarts from scratch
             splits = _finish_splits(work, src.name, shards)
+            for info in splits.values():
+                files = [s["file"] for s in info.get("shards", [info])]
+                info["bytes"] = count_bytes([np.memmap(work / f, dtype=dtype, mode="r") for f in files], tok)
             record = _record_tokens(work, splits, dtype, tok, src.name) if src.fixed_length else None
             sharded = any("shards" in info for info in splits.values())
             meta = {
@@ -335,6 +347,17 @@ class PreparedData:
 
     def num_tokens(self, split: str) -> int:
         return int(self._info(split)["tokens"])
+
+    def num_bytes(self, split: str) -> int:
+        """UTF-8 bytes of the split's text: from meta.json, or counted from its ids (then kept)."""
+        info = self._info(split)
+        if "bytes" not in info:
+            info["bytes"] = count_bytes(self.shards(split), self.tokenizer)
+        return int(info["bytes"])
+
+    def token_byte_lengths(self) -> torch.Tensor:
+        """UTF-8 bytes behind each token id (EOT 0): the bytes of a batch are ``lengths[batch].sum()``."""
+        return torch.from_numpy(self.tokenizer.byte_lengths().copy())
 
     def shards(self, split: str) -> list[np.ndarray]:
         """The split's shards as read-only np.memmaps (nothing is read until indexed)."""

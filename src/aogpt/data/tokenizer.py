@@ -22,6 +22,9 @@ Decisions:
 * `decode` accepts a list, tuple, numpy array or 1-D tensor; ids outside ``[0, vocab_size)`` (model
   padding ids, -100 ignore labels) are dropped, and byte sequences cut mid-character decode with
   U+FFFD, so decoding model output never raises.
+* Every tokenizer here is byte-level: each id stands for a fixed string of UTF-8 bytes (EOT for
+  none), so `byte_lengths` gives the exact byte count of any id sequence -- what bits per byte, the
+  tokenizer-independent measure of a language model, divides by.
 * Models pad the vocabulary to a multiple of 64 (`padded_vocab_size`, 50257 -> 50304) for speed.
 * `encode_batch` of gpt2 uses tiktoken threads (`threads`, default up to 8); bpe uses HF's Rust
   thread pool (``RAYON_NUM_THREADS``). Worker processes of `aogpt.data.shards` set both to one.
@@ -39,6 +42,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from aogpt.errors import AOGPTError
 
@@ -116,6 +121,20 @@ class Tokenizer(ABC):
     def save(self, directory: Path) -> None:  # noqa: B027 (optional hook, not abstract)
         """Write the files needed to load this tokenizer again (none for gpt2 and bytes)."""
 
+    def byte_lengths(self) -> np.ndarray:
+        """UTF-8 bytes each id stands for, shape (vocab_size,), int64; 0 for EOT. The bytes of the
+        text behind any ids are ``byte_lengths()[ids].sum()``: bits per byte divides by that."""
+        cached = self.__dict__.get("_byte_lengths")
+        if cached is None:
+            cached = np.asarray(self._byte_lengths(), dtype=np.int64)
+            cached.setflags(write=False)
+            self.__dict__["_byte_lengths"] = cached
+        return cached
+
+    @abstractmethod
+    def _byte_lengths(self) -> list[int]:
+        """Bytes per id, EOT (and any other special id) 0."""
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.spec} vocab={self.vocab_size} eot={self.eot_id}>"
 
@@ -139,6 +158,9 @@ class ByteTokenizer(Tokenizer):
                 start = k + 1
         parts.append(bytes(ids[start:]).decode("utf-8", errors="replace"))
         return "".join(parts)
+
+    def _byte_lengths(self) -> list[int]:
+        return [1] * 256 + [0] * (self.vocab_size - 256)
 
 
 @contextlib.contextmanager
@@ -226,6 +248,9 @@ class GPT2Tokenizer(Tokenizer):
     def _decode(self, ids: list[int]) -> str:
         return self._enc.decode(ids, errors="replace")
 
+    def _byte_lengths(self) -> list[int]:
+        return [len(self._enc.decode_single_token_bytes(i)) for i in range(self.eot_id)] + [0]
+
 
 class BPETokenizer(Tokenizer):
     """A byte-level BPE trained with HF `tokenizers` (GPT-2 pre-tokenizer regex, no prefix space)."""
@@ -256,6 +281,12 @@ class BPETokenizer(Tokenizer):
     def to_json(self) -> str:
         """The trained tokenizer as Hugging Face `tokenizers` JSON (what `save` writes)."""
         return self._hf.to_str(pretty=True)
+
+    def _byte_lengths(self) -> list[int]:
+        # Byte-level BPE spells every byte as one character of its 256-character alphabet, so a
+        # token's length in characters is its length in bytes; added (special) tokens stand for none.
+        special = set(self._hf.get_added_tokens_decoder())
+        return [0 if i in special else len(self._hf.id_to_token(i)) for i in range(self.vocab_size)]
 
     def save(self, directory: Path) -> None:
         from aogpt.io import atomic_write_text
@@ -351,3 +382,13 @@ __all__ = [
     "parse_spec",
     "train_bpe",
 ]
+
+
+def count_bytes(arrays: Iterable[np.ndarray], tok: Tokenizer, chunk: int = 1 << 24) -> int:
+    """UTF-8 bytes of the text behind the ids in `arrays` (read `chunk` ids at a time)."""
+    lengths, total = tok.byte_lengths(), 0
+    for ids in arrays:
+        for start in range(0, len(ids), chunk):
+            counts = np.bincount(np.asarray(ids[start : start + chunk]), minlength=len(lengths))
+            total += int(counts[: len(lengths)] @ lengths)
+    return total

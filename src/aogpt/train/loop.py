@@ -9,12 +9,17 @@ metrics.jsonl as one that was never stopped.
 
 SIGINT and SIGTERM do not interrupt a step: they set a flag that every rank sees at the end of the
 step (`distributed.broadcast_flag`), so all ranks stop together and write a final checkpoint.
+
+The progress display (a bar on a terminal, a heartbeat line in logs) shows the training loss, the
+throughput, the last validation in bits per byte, and -- under a time limit that will cut the run
+short at the current speed -- how many steps it will reach, so a busy machine is noticed early.
 """
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -52,16 +57,21 @@ def fit(t: Trainer, until: int | None = None) -> dict[str, Any]:
     with stop_on_signals(t), progress(total=stop_at, desc="train", disable=not t.show_progress,
                                       initial=t.step, unit="step") as bar:
         last = train_steps(t, bar, stop_at)
+    stopped_by = t._stop_signal or ("time" if t.step < stop_at else "max_steps" if stop_at == t.cfg.max_steps
+                                    else "until")
+    if stopped_by == "time" and t.show_progress:
+        print(f"time limit of {t.cfg.max_minutes:g} minutes reached after {t.step} of {t.cfg.max_steps} steps: "
+              "stopping early (a last validation and checkpoint follow)", file=sys.stderr, flush=True)
     final_eval = t.evaluate()
     if t.step % t.cfg.eval_interval == 0 or t.step == t.cfg.max_steps:
         t.log({"kind": "eval", "step": t.step, **final_eval})  # off the cadence only in the summary, so
         # metrics.jsonl of a run stopped early and resumed equals that of an uninterrupted run
     ckpt = t.save()
-    stopped_by = t._stop_signal or ("time" if t.step < stop_at else "max_steps" if stop_at == t.cfg.max_steps
-                                    else "until")
     plot = t.plot() if stopped_by != "until" else None  # a piece of a longer run: plotted when the run ends
     return {
         "step": t.step,
+        "planned_steps": t.cfg.max_steps,
+        "max_minutes": t.cfg.max_minutes,
         "stopped_by": stopped_by,
         "train_loss": last.loss if last else None,
         **final_eval,
@@ -72,6 +82,7 @@ def fit(t: Trainer, until: int | None = None) -> dict[str, Any]:
         "plot": str(plot) if plot else None,
         "run_dir": str(t.out) if t.out else None,
         "params": t.raw.num_params(),
+        "variant": t.model_cfg.variant,
     }
 
 
@@ -82,6 +93,7 @@ def train_steps(t: Trainer, bar: Any, stop_at: int | None = None) -> StepResult 
     cfg, window, last = t.cfg, t.window, None
     window.restart_clock()
     stop_at = cfg.max_steps if stop_at is None else stop_at
+    first_step, seconds_before = t.step, t.train_seconds  # a resumed run's speed counts from here
     while t.step < stop_at:
         t0 = time.perf_counter()
         last = t.train_step()
@@ -89,7 +101,7 @@ def train_steps(t: Trainer, bar: Any, stop_at: int | None = None) -> StepResult 
         window.add(last.loss, t.tokens_per_step)
         bar.update(1)
         if t.step % cfg.log_interval == 0 or t.step == stop_at:
-            log_window(t, window, last, bar)
+            log_window(t, window, last, bar, (t.train_seconds - seconds_before) / (t.step - first_step))
         if should_stop(t) or t.step == stop_at:
             break
         if t.step % cfg.eval_interval == 0:
@@ -102,13 +114,30 @@ def train_steps(t: Trainer, bar: Any, stop_at: int | None = None) -> StepResult 
     return last
 
 
-def log_window(t: Trainer, window: Any, last: StepResult, bar: Any) -> None:
+def log_window(t: Trainer, window: Any, last: StepResult, bar: Any, seconds_per_step: float) -> None:
     """Write the train record of the steps since the last one, and show it on the progress bar."""
     figures = window.close(flops_per_token=t.flops_per_token, peak=t.peak_flops, devices=t.info.world_size)
     record = {"kind": "train", "step": t.step, "loss": figures["loss"], "lr": last.lr, "grad_norm": last.grad_norm,
               "tokens": t.tokens_seen, **{k: v for k, v in figures.items() if k != "loss"}}
     t.log(record)
-    bar.set_postfix(loss=f"{figures['loss']:.3f}", tok_s=f"{figures['tokens_per_s']:,.0f}")
+    bar.set_postfix_str(progress_note(t, figures["loss"], figures["tokens_per_s"], seconds_per_step))
+
+
+def progress_note(t: Trainer, loss: float, tokens_per_s: float, seconds_per_step: float) -> str:
+    """`loss 5.123, 4,500 tok/s, val 2.71 bits/byte` and, when the time limit will stop the run
+    before its last step at this speed, `time limit: about 700 of 850 steps`."""
+    parts = [f"loss {loss:.3f}", f"{tokens_per_s:,.0f} tok/s"]
+    val = next((t.last_eval[k] for k in ("bpb/l2r/ema", "bpb/l2r/raw") if k in t.last_eval), None)
+    if val is not None:
+        parts.append(f"val {val:.2f} bits/byte")
+    elif "val/l2r/ema" in t.last_eval:
+        parts.append(f"val loss {t.last_eval['val/l2r/ema']:.3f}")
+    limit = t.cfg.max_minutes * 60
+    if limit > 0 and seconds_per_step > 0:
+        reachable = t.step + int(max(limit - t.train_seconds, 0) / seconds_per_step)
+        if reachable < t.cfg.max_steps:
+            parts.append(f"time limit: about {reachable:,} of {t.cfg.max_steps:,} steps")
+    return ", ".join(parts)
 
 
 def should_stop(t: Trainer) -> bool:

@@ -8,7 +8,9 @@ import torch
 
 
 class BatchSource(Protocol):
-    """What the trainer reads from: `aogpt.data.PreparedData` or a synthetic stand-in."""
+    """What the trainer reads from: `aogpt.data.PreparedData` or a synthetic stand-in. A source of
+    real text may also offer ``token_byte_lengths() -> Tensor`` (UTF-8 bytes behind each id), from
+    which validation reports bits per byte."""
 
     def get_batch(self, split: str, batch_size: int, block_size: int, generator: torch.Generator) -> torch.Tensor: ...
 

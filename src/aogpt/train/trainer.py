@@ -16,9 +16,10 @@ from torch import nn
 
 from aogpt.config import ModelConfig, TrainConfig
 from aogpt.device import resolve_device
+from aogpt.errors import AOGPTError
 from aogpt.families import family
 from aogpt.model import Transformer
-from aogpt.orders import make_order_sampler
+from aogpt.orders import identity, make_order_sampler
 from aogpt.train import checkpointing, distributed, loop
 from aogpt.train.ema import EMA
 from aogpt.train.metrics import MetricsLog
@@ -57,6 +58,9 @@ class Trainer:
         self.family = family(model_cfg.variant)
         self.order_sampler = make_order_sampler(cfg.order)
         self.family.check_order(self.order_sampler)
+        if cfg.l2r_first_steps and not self.family.causal:
+            raise AOGPTError(f"variant {model_cfg.variant} draws its own masks, so l2r_first_steps does nothing",
+                             "drop l2r_first_steps")
         self.metrics = MetricsLog(self.out, self.info.is_main)
         self._build_model()
         self.optimizer_step = OptimizerStep(self.model, self.step_model, self.optimizer, cfg, self.info,
@@ -96,9 +100,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
     def _global_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The whole step's sequences and orders (all ranks, all micro-steps) from the shared streams."""
+        """The whole step's sequences and orders (all ranks, all micro-steps) from the shared streams;
+        left to right during the first `l2r_first_steps` steps."""
         idx = self.data.get_batch("train", self.sequences_per_step, self.block_size, self.data_gen)
         order = self.order_sampler.sample(self.sequences_per_step, self.block_size, self.device, self.order_gen)
+        if self.step < self.cfg.l2r_first_steps:  # drawn all the same: the order stream stays the run's
+            order = identity(self.sequences_per_step, self.block_size, self.device)
         return idx, order
 
     def train_step(self) -> StepResult:

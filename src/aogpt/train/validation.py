@@ -9,6 +9,10 @@ loss it actually learns, which neither of the other two measures. The losses are
 
 Every call also keeps the loss of each validation batch (`Validation.per_batch`, this rank's
 batches): the spread over batches gives error bars to whoever compares runs (`aogpt.reproduce`).
+
+When the data knows the bytes behind its tokens (prepared text, not random tokens), each loss also
+comes as bits per byte (`bpb/l2r/<weights>`, `bpb/any/<weights>`, `bpb/own/<weights>`;
+`aogpt.measures`), counted on the very windows scored, so runs with different tokenizers compare.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from torch import nn
 from aogpt.config import TrainConfig
 from aogpt.errors import AOGPTError
 from aogpt.families import ModelFamily
+from aogpt.measures import bits_per_byte
 from aogpt.orders import is_left_to_right, make_order_sampler
 from aogpt.train import distributed
 from aogpt.train.sources import BatchSource
@@ -52,26 +57,32 @@ class Validation:
     @torch.no_grad()
     def __call__(self, models: Mapping[str, nn.Module]) -> dict[str, float]:
         """`val/l2r/<weights>` (`val/any/<weights>` for any-order families, `val/own/<weights>` for a
-        fixed training order) for each model."""
+        fixed training order) for each model, in nats per token, and the same as `bpb/...` in bits
+        per byte where the data has bytes."""
         results: dict[str, float] = {}
         self.per_batch = {}
         kinds = ["l2r"] + (["any"] if self.family.any_order else []) + (["own"] if self.own_order else [])
+        byte_lengths = getattr(self.data, "token_byte_lengths", None)  # optional (`BatchSource`)
+        lengths = byte_lengths() if byte_lengths is not None else None
         for weights, model in models.items():
-            sums, batches = self._sums(model)
-            tokens = float(sums[3])
+            sums, batches = self._sums(model, lengths)
+            tokens, num_bytes = float(sums[3]), float(sums[4])
             if tokens == 0:
                 raise AOGPTError("the validation split gave no batches", "prepare more validation data")
             column = {"l2r": 0, "any": 1, "own": 2}
             for kind in kinds:
-                results[f"val/{kind}/{weights}"] = float(sums[column[kind]]) / tokens
+                nats = float(sums[column[kind]]) / tokens
+                results[f"val/{kind}/{weights}"] = nats
+                if lengths is not None:
+                    results[f"bpb/{kind}/{weights}"] = bits_per_byte(nats, int(tokens), int(num_bytes))
                 self.per_batch[f"val/{kind}/{weights}"] = [b[column[kind]] / b[3] for b in batches]
         return results
 
-    def _sums(self, model: nn.Module) -> tuple[torch.Tensor, list[list[float]]]:
-        """Summed left-to-right loss, any-order loss, own-order loss and token count over all ranks
-        (float64), and the same four sums for each of this rank's batches."""
+    def _sums(self, model: nn.Module, byte_lengths: torch.Tensor | None) -> tuple[torch.Tensor, list[list[float]]]:
+        """Summed left-to-right loss, any-order loss, own-order loss, token count and byte count over
+        all ranks (float64), and the same sums for each of this rank's batches."""
         model.eval()
-        sums = torch.zeros(4, dtype=torch.float64, device=self.device)  # l2r, any, own, tokens
+        sums = torch.zeros(5, dtype=torch.float64, device=self.device)  # l2r, any, own, tokens, bytes
         order_gen = torch.Generator(self.device).manual_seed(self.cfg.eval_orders_seed)
         own = make_order_sampler(self.cfg.order) if self.own_order else None
         per_batch = []
@@ -80,6 +91,7 @@ class Validation:
             order = make_order_sampler("uniform").sample(idx.shape[0], idx.shape[1], self.device, order_gen)
             if i % self.info.world_size != self.info.rank:
                 continue
+            num_bytes = float(byte_lengths[idx].sum()) if byte_lengths is not None else 0.0
             idx = idx.to(self.device)
             zero = torch.zeros((), device=self.device)
             with autocast(self.device, self.amp):
@@ -87,8 +99,8 @@ class Validation:
                 anyo = zero if anyo is None else anyo
                 own_loss = zero if own is None else self.family.order_nll(
                     model, idx, own.sample(idx.shape[0], idx.shape[1], self.device)).sum()
-            batch = torch.stack([l2r.double(), anyo.double(), own_loss.double(),
-                                 torch.tensor(idx.numel(), device=self.device, dtype=torch.float64)])
+            counts = torch.tensor([idx.numel(), num_bytes], device=self.device, dtype=torch.float64)
+            batch = torch.cat([torch.stack([l2r.double(), anyo.double(), own_loss.double()]), counts])
             per_batch.append(batch.tolist())
             sums += batch
         return distributed.all_reduce_sum(sums, self.info), per_batch

@@ -1,0 +1,88 @@
+"""What the `aogpt bench` subcommands share: checked number types, the size and run flags, the
+output folder and thread choice, the progress bar, and the report printed at the end."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from aogpt.cli.common import add_common, config_arg, emit_json, finite_float, int_arg, path_arg, progress
+from aogpt.config import ModelConfig
+
+LENGTH = config_arg(ModelConfig, "block_size")  # tokens per sequence: a model context
+REPEATS = int_arg(ge=1, le=1000)  # runs per measurement (or timed steps)
+BATCH = int_arg(ge=1, le=2**20)
+THREADS = int_arg(ge=1, le=4096)
+LONG_RUN = finite_float(gt=0, le=1e6)  # seconds
+
+
+def size_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model size (equal for every contender; default 4 layers / 256 / 4 heads / 8192)")
+    g.add_argument("--layers", type=config_arg(ModelConfig, "n_layer"), default=None, metavar="L",
+                   help="transformer blocks")
+    g.add_argument("--width", type=config_arg(ModelConfig, "n_embd"), default=None, metavar="D", help="embedding width")
+    g.add_argument("--heads", type=config_arg(ModelConfig, "n_head"), default=None, metavar="H", help="attention heads")
+    g.add_argument("--vocab", type=config_arg(ModelConfig, "vocab_size"), default=None, metavar="V",
+                   help="vocabulary size")
+
+
+def run_flags(p: argparse.ArgumentParser, checkpoints: bool = True, device: bool = True) -> None:
+    p.add_argument("--quick", action="store_true", help="a tiny smoke configuration that runs in seconds")
+    if device:
+        p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
+        p.add_argument("--threads", type=THREADS, default=None, metavar="N",
+                       help="CPU threads for torch (default: torch's)")
+    p.add_argument("--out", type=path_arg, default=Path("bench-results"), metavar="DIR",
+                   help="where the markdown table and JSON (and PNG) go (default bench-results)")
+    if checkpoints:
+        p.add_argument("--checkpoint", action="append", default=[], metavar="VARIANT=PATH",
+                       help="time trained weights instead of random ones (repeatable; sizes must match)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_common(p)
+
+
+def setup(args: argparse.Namespace) -> None:
+    """The output folder made (so an unwritable --out fails now, not after the timings); threads: as
+    asked, else 1 when the machine is busier than it has CPUs (torch's threads would then wait on
+    each other and timings swing by an order of magnitude)."""
+    import os
+
+    import torch
+
+    from aogpt.io import ensure_writable_dir
+
+    ensure_writable_dir(args.out)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    elif hasattr(os, "getloadavg") and os.getloadavg()[0] > (os.cpu_count() or 1):
+        torch.set_num_threads(1)
+        args.note = (f"the machine is busy (load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs): timing "
+                     "with 1 thread (--threads N to choose)")  # told once the timing starts (`progress_bar`)
+
+
+def report(args: argparse.Namespace, command: str, result: dict[str, Any], markdown: str) -> int:
+    print(markdown)
+    files = result.get("files", {})
+    if files:
+        print("\nwrote " + ", ".join(files.values()))
+    if args.json:
+        emit_json({"command": command, **{k: v for k, v in result.items() if k != "runs"}})
+    return 0
+
+
+def progress_bar(total: int, args: argparse.Namespace, desc: str):
+    """A progress bar and its update(done, label); a note from `setup` is printed at the first
+    update, after the benchmark has checked its input (so an input error prints alone)."""
+    bar = progress(total=total, desc=desc, disable=args.no_progress)
+
+    def update(done: int, label: str) -> None:
+        note = getattr(args, "note", None)
+        if note:
+            bar.write(note, file=sys.stderr)
+            args.note = None
+        bar.set_postfix_str(label)
+        bar.update(done - bar.n)
+
+    return bar, update

@@ -1,0 +1,166 @@
+"""`aogpt bench adaptive` and `aogpt bench recipe`: the benchmarks that train their own models
+(puzzle solving with adaptive orders; the recipe sweep behind the quickstart preset)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from aogpt.cli.bench_common import progress_bar, report, run_flags, setup
+from aogpt.cli.common import config_arg, emit_json, finite_float, int_arg, path_arg
+from aogpt.config import ModelConfig
+from aogpt.errors import AOGPTError
+from aogpt.generation.settings import DecodePlan
+from aogpt.sampling import SamplingConfig
+
+
+def add_training_benchmarks(sub: Any) -> None:
+    """Register `adaptive` and `recipe` under `aogpt bench`."""
+    a = sub.add_parser("adaptive", help="puzzle solve rates with random, left-to-right and adaptive orders",
+                       description="Prepare a synthetic task, train AO-GPT (uniform orders) and the encoder-only MDM "
+                       "on it (a few CPU minutes each, or pass --checkpoint), solve fresh minimal puzzles with "
+                       "random, left-to-right and the adaptive orders confidence, margin and entropy over several "
+                       "seeds (95% Wilson intervals), and measure how much log p(x) differs across orders, also on "
+                       "text; writes DIR/adaptive.md, .json and .png. Trained runs are kept in --work and reused.")
+    a.add_argument("--task", default=None, help="synthetic task: walk (default), sudoku4 or sudoku6")
+    a.add_argument("--puzzles", type=int_arg(ge=1, le=10**6), default=None, help="puzzles per seed (default 200)")
+    a.add_argument("--seeds", type=int_arg(ge=1, le=1000), default=None,
+                   help="puzzle sets, each with its own seed (default 3)")
+    a.add_argument("--orders", default=None, metavar="O,O,...",
+                   help="random, l2r, confidence, margin, entropy (default: all)")
+    a.add_argument("--temperature", type=config_arg(SamplingConfig, "temperature"), default=None,
+                   help="sample the tokens at this temperature (default: greedy, the most likely token)")
+    a.add_argument("--candidates", type=config_arg(DecodePlan, "candidates"), default=None, metavar="C",
+                   help="adaptive orders score C random remaining positions per step (default: all)")
+    a.add_argument("--threshold", type=config_arg(DecodePlan, "threshold"), default=None, metavar="P",
+                   help="adaptive orders also reveal every position whose top probability is at least P")
+    a.add_argument("--train-steps", type=int_arg(ge=1, le=10**7), default=None, metavar="N",
+                   help="training steps of each model on the task (default 2500)")
+    a.add_argument("--layers", type=config_arg(ModelConfig, "n_layer"), default=None,
+                   help="blocks of the trained models (default 3)")
+    a.add_argument("--width", type=config_arg(ModelConfig, "n_embd"), default=None, help="their width (default 128)")
+    a.add_argument("--heads", type=config_arg(ModelConfig, "n_head"), default=None,
+                   help="their attention heads (default 4)")
+    a.add_argument("--no-text", action="store_true", help="skip the text model of the log-likelihood spread")
+    a.add_argument("--text-steps", type=int_arg(ge=1, le=10**7), default=None, metavar="N",
+                   help="training steps of the small Shakespeare AO-GPT (default 600)")
+    a.add_argument("--text-checkpoint", type=path_arg, default=None, metavar="RUN",
+                   help="measure the spread on this text model instead (with --text-data)")
+    a.add_argument("--text-data", type=path_arg, default=None, metavar="DIR",
+                   help="prepared text for --text-checkpoint")
+    a.add_argument("--spread-orders", type=int_arg(ge=1, le=10**5), default=None, metavar="K",
+                   help="orders per sequence (default 16)")
+    a.add_argument("--spread-sequences", type=int_arg(ge=1, le=10**6), default=None, metavar="M",
+                   help="sequences whose spread is measured (default 64)")
+    a.add_argument("--work", type=path_arg, default=None, metavar="DIR",
+                   help="where data and trained runs are kept (default runs/bench-adaptive)")
+    run_flags(a)
+    a.set_defaults(func=run_adaptive)
+
+    s = sub.add_parser("recipe", help="which small training recipe learns most on Shakespeare for a fixed compute",
+                       description="Train AO-GPT candidates (the cpu-small preset with fields changed) for a fixed "
+                       "number of steps or CPU seconds each, one after another, and score them on the held-out plays "
+                       "in bits per byte; writes DIR/recipe.md and .json after every candidate. CPU time, not wall "
+                       "time, so a shared machine does not decide the result; one thread unless --threads.")
+    s.add_argument("--candidates", default=None, metavar="NAME,...",
+                   help="registered candidates (default: all of the recorded sweep)")
+    s.add_argument("--candidate", action="append", default=[], metavar="NAME:key=value,...",
+                   help="an ad-hoc candidate, e.g. wide:n_embd=256,lr=3e-3 (repeatable; a registered NAME is "
+                   "its base)")
+    budget = s.add_mutually_exclusive_group()
+    budget.add_argument("--steps", type=int_arg(ge=1, le=10**7), default=None, help="training steps per candidate")
+    budget.add_argument("--cpu-seconds", type=finite_float(gt=0, le=10**7), default=None, metavar="S",
+                        help="CPU seconds of training per candidate (steps sized by a short probe)")
+    s.add_argument("--eval-bytes", type=int_arg(ge=1, le=10**12), default=None, metavar="B",
+                   help="score on the first B bytes of the held-out text (default: all of it)")
+    s.add_argument("--minutes", type=finite_float(gt=0, le=10**6), default=10.0,
+                   help="time budget for 'steps in budget' (default 10)")
+    s.add_argument("--speedup", type=finite_float(gt=0, le=10**4), default=None, metavar="X",
+                   help="what the quiet machine's threads gain over one (from --calibrate) for 'steps in budget'")
+    s.add_argument("--calibrate", type=int_arg(ge=2, le=4096), default=None, metavar="N",
+                   help="instead of the sweep: time one step with 1 and N threads, interleaved (quiet machine only)")
+    s.add_argument("--data-root", type=path_arg, default=Path("data"), metavar="DIR",
+                   help="where the prepared Shakespeare folders are (made if missing; default data)")
+    s.add_argument("--threads", type=int_arg(ge=1, le=4096), default=1, metavar="N",
+                   help="CPU threads for torch (default 1)")
+    run_flags(s, checkpoints=False, device=False)
+    s.set_defaults(func=run_recipe)
+
+
+def run_adaptive(args: argparse.Namespace) -> int:
+    from aogpt.bench import adaptive as ba
+    from aogpt.bench.common import parse_checkpoints
+
+    d = ba.QUICK if args.quick else ba.DEFAULTS
+
+    def pick(value: Any, key: str) -> Any:
+        return d[key] if value is None else value
+
+    orders = [o.strip() for o in args.orders.split(",") if o.strip()] if args.orders else list(ba.ORDERS)
+    ba.check_orders(orders)  # input errors before anything runs
+    puzzles, seeds = pick(args.puzzles, "puzzles"), pick(args.seeds, "seeds")
+    checkpoints = parse_checkpoints(args.checkpoint, ba.MODELS)
+    setup(args)
+    bar, update = progress_bar(len(ba.MODELS) * len(orders) * max(1, puzzles) * max(1, seeds), args, "bench adaptive")
+    try:
+        result = ba.bench_adaptive(
+            task=pick(args.task, "task"), train_steps=pick(args.train_steps, "train_steps"),
+            solutions=d["solutions"], puzzles=puzzles,
+            seeds=seeds, layers=pick(args.layers, "layers"), width=pick(args.width, "width"),
+            heads=pick(args.heads, "heads"), batch=d["batch"], lr=d["lr"], orders=orders,
+            temperature=args.temperature, candidates=args.candidates, threshold=args.threshold,
+            checkpoints=checkpoints, text=not args.no_text, text_steps=pick(args.text_steps, "text_steps"),
+            text_block=d["text_block"], text_checkpoint=args.text_checkpoint, text_data=args.text_data,
+            spread_sequences=pick(args.spread_sequences, "spread_sequences"),
+            spread_orders=pick(args.spread_orders, "spread_orders"), device=args.device, seed=args.seed,
+            work=args.work, out=args.out, show_progress=not args.no_progress, progress=update)
+    finally:
+        bar.close()
+    from aogpt.bench.adaptive_report import to_markdown
+
+    return report(args, "bench adaptive", result, to_markdown(result))
+
+
+def run_recipe(args: argparse.Namespace) -> int:
+    import sys
+
+    import torch
+
+    from aogpt.bench import recipe as br
+
+    if args.threads < 1:
+        raise AOGPTError(f"--threads must be >= 1, got {args.threads}", "e.g. --threads 1")
+    torch.set_num_threads(args.threads)
+    names = [n.strip() for n in args.candidates.split(",") if n.strip()] if args.candidates else []
+    if args.quick:
+        names, args.candidate = [], [br.QUICK_CANDIDATE]
+    elif not names and not args.candidate:
+        names = list(br.CANDIDATES)
+    candidates = [br.parse_candidate(n) for n in names] + [br.parse_candidate(c) for c in args.candidate]
+    if args.calibrate is not None:
+        if args.calibrate < 2:
+            raise AOGPTError(f"--calibrate needs at least 2 threads, got {args.calibrate}", "e.g. --calibrate 2")
+        rows = [br.thread_speedup(c, args.data_root, args.calibrate, seed=args.seed) for c in candidates]
+        for r in rows:
+            print(f"{r['name']}: {r['speedup']:.2f}x with {r['threads']} threads ({r['seconds_per_step']}, load "
+                  f"average {r['load_average']})")
+        if args.json:
+            emit_json({"command": "bench recipe", "calibrate": rows})
+        return 0
+    steps, cpu_budget = args.steps, args.cpu_seconds
+    if args.quick and steps is None and cpu_budget is None:
+        steps = br.QUICK_STEPS
+    if steps is None and cpu_budget is None:
+        raise AOGPTError("no budget per candidate", "pass --steps N or --cpu-seconds S")
+    if (steps is not None and steps < 1) or (cpu_budget is not None and cpu_budget <= 0):
+        raise AOGPTError("the budget per candidate must be positive", "e.g. --steps 300 or --cpu-seconds 180")
+
+    def say(line: str) -> None:
+        if not args.no_progress:
+            print(line, file=sys.stderr, flush=True)
+
+    result = br.sweep(candidates, args.data_root, steps=steps, cpu_budget=cpu_budget,
+                      eval_bytes=br.QUICK_EVAL_BYTES if args.quick and args.eval_bytes is None else args.eval_bytes,
+                      minutes=args.minutes, speedup=args.speedup, seed=args.seed, out=args.out, progress=say)
+    return report(args, "bench recipe", result, br.to_markdown(result))

@@ -1,0 +1,62 @@
+"""scripts/quickstart.sh end to end at a tiny budget: a tiny model on a small local text, a time limit
+that cuts training short, heartbeat lines in a log, bits per byte, the three kinds of samples, the
+speed table and the closing line. No network: the script uses this interpreter instead of installing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_quickstart_end_to_end_tells_the_truth(tmp_path, make_corpus):
+    corpus = make_corpus(tmp_path / "corpus", docs=1, words=4000) / "doc00.txt"  # ~24 KB, 5 % held out
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src"),
+        "OMP_NUM_THREADS": "1",
+        "AOGPT_HEARTBEAT_SECONDS": "0.2",
+        "QUICKSTART_PYTHON": sys.executable,
+        "QUICKSTART_PRESET": "tiny",
+        "QUICKSTART_MINUTES": "0.02",  # 1.2 s of training: far fewer than the 100,000 steps planned
+        "QUICKSTART_CORPUS": str(corpus),
+        "QUICKSTART_TOKENIZER": "bytes",
+        "QUICKSTART_DATA": str(tmp_path / "data"),
+        "QUICKSTART_RUN": str(tmp_path / "run"),
+        "QUICKSTART_TRAIN_FLAGS": "--max-steps 100000 --block-size 96",
+        "QUICKSTART_BENCH_FLAGS": "--quick --methods aogpt,encoder,gpt",
+    }
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "quickstart.sh")], env=env, capture_output=True, text=True,
+                          timeout=600)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    lines = out.splitlines()
+    # heartbeat lines (stderr is not a terminal): steps of planned, an ETA, the time limit foreseen
+    beats = [line for line in lines if line.startswith("train: ")]
+    assert beats and all("/100,000 steps" in b and "ETA" in b for b in beats[:-1])
+    assert any("time limit: about" in b for b in beats)
+    # the truncation is said, with the steps done and what it means
+    assert any(line.startswith("time limit of 0.02 minutes reached after") for line in lines)
+    warning = next(line for line in lines if line.startswith("warning: the time limit"))
+    assert "of 100,000 planned steps" in warning and "samples will be poor" in warning
+    # bits per byte beside perplexity: the training summary and the evaluation
+    assert any("left to right, ema weights: loss" in line and "bits/byte" in line for line in lines)
+    assert any("order=l2r" in line and "bits/byte" in line for line in lines)
+    assert any("order=random" in line and "bits/byte" in line for line in lines)
+    # three samples, each labelled with how it was made
+    for label in ("-- left to right:", "-- random order:", "-- infilling:"):
+        assert any(line.startswith(label) for line in lines), label
+    assert "To be, or not to be, " in out and "order l2r" in out and "order random" in out
+    # the speed table in users' words, and the closing line
+    assert "# Generation speed" in out and "What this run shows:" in out and "issue" not in out.lower()
+    closing = done.stdout.splitlines()[-1]
+    assert closing.startswith("Done: AO-GPT (preset tiny) trained") and "cut short by the time limit" in closing
+    assert "bits/byte left to right" in closing and str(tmp_path / "run") in closing
+    assert "sample --checkpoint" in closing
+    assert (tmp_path / "run" / "loss.png").is_file() and (tmp_path / "run" / "bench" / "generate.md").is_file()
