@@ -42,8 +42,9 @@ included, is that many tokens) read with ``block_size == record_tokens`` gets wh
 instead: starts only at document boundaries, uniformly over the documents. Starts are drawn with
 ``torch.randint`` from the caller's ``torch.Generator`` (cheap, seedable, checkpointable), a
 ``numpy.random.Generator``, or an int seed (a fresh generator per call: same seed, same batch).
-`PreparedData.iter_eval_batches` yields the sequential non-overlapping windows ``[0, B)``, ``[B, 2B)``,
-... of each shard in turn (last batch may be short; a trailing partial window of each shard is dropped). Both read only the windows they need from the memory maps.
+`PreparedData.iter_eval_batches` yields the sequential windows ``[0, B)``, ``[B, 2B)``, ... of each
+shard in turn (the last batch may be short; a shard's trailing partial window is dropped). Both read
+only the windows they need from the memory maps.
 """
 
 from __future__ import annotations
