@@ -15,9 +15,8 @@ Corpora that fit in one shard per split keep the single-file layout and format 1
 
 Decisions:
 
-* Every document is followed by one EOT id (so each split ends with EOT and ``documents`` equals
-  the number of EOT ids). ``<|endoftext|>`` written inside a text stays ordinary text. Blank
-  documents are skipped.
+* Every document is followed by one EOT id (``documents`` = the number of EOT ids); blank ones are
+  skipped. ``<|endoftext|>`` written inside a text stays ordinary text.
 * Deterministic: the same corpus, tokenizer spec, seed and options give byte-identical files (no
   timestamps in meta.json), whatever the number of workers, and after any number of interruptions
   and resumptions. Documents are encoded in corpus order; large documents are cut into ~64K-character
