@@ -48,3 +48,14 @@ def test_bad_requests():
         bench_speculative(small("aogpt"), ns=[64], batches=[1], ks=[2], repeats=1, samples=2)
     with pytest.raises(AOGPTError, match="cannot draft"):
         bench_speculative(small("gpt"), ns=[8], batches=[1], ks=[2], repeats=1, samples=2)
+
+
+def test_without_a_gpt_checkpoint_a_random_gpt_of_the_same_size_is_timed():
+    """GPT's time does not depend on its weights (n one-slot steps), so without a trained GPT the
+    benchmark times one with random weights at the AO-GPT's size, and says so."""
+    res = bench_speculative(small("aogpt"), ns=[8], batches=[1], ks=[2], repeats=1, samples=2)
+    gpt_rows = [r for r in res["rows"] if r["sampler"] == "gpt"]
+    assert len(gpt_rows) == 1 and gpt_rows[0]["forwards"] == 8 and res["gpt_weights"] == "random weights, same size"
+    assert res["quality"]["evaluator"] == "the AO-GPT itself (left to right)"
+    spec = next(r for r in res["rows"] if r["sampler"] == "spec-2")
+    assert spec["time_vs_gpt"] == pytest.approx(spec["wall"] / gpt_rows[0]["wall"])

@@ -76,6 +76,9 @@ def bench_speculative(aogpt: Any, *, gpt: Any = None, ns: list[int] = (128, 256)
             raise AOGPTError(f"n = {n} does not fit the models' context", "use a smaller --n")
     if gpt_model is not None and gpt_model.config.vocab_size != model.config.vocab_size:
         raise AOGPTError("the GPT and the AO-GPT have different vocabularies", "use checkpoints of one tokenizer")
+    timing_gpt, gpt_weights = gpt_model, "trained"
+    if timing_gpt is None:  # its time does not depend on its weights (always n one-slot steps): random ones
+        timing_gpt, gpt_weights = _random_gpt_like(model, seed), "random weights, same size"
     common = dict(temperature=temperature, top_p=top_p, seed=seed)
     last: dict[Any, Any] = {}
 
@@ -86,14 +89,14 @@ def bench_speculative(aogpt: Any, *, gpt: Any = None, ns: list[int] = (128, 256)
             kw = dict(policy="count")
         else:
             kw = dict(speculative=ks[[f"spec-{k}" for k in ks].index(name)])
-        target = gpt_model if name == "gpt" else model
+        target = timing_gpt if name == "gpt" else model
 
         def run() -> None:
             last[(name, n, B)] = generate(target, num_samples=B, length=n, batch_size=B, **kw, **common)
 
         return run
 
-    names = ["one-token", *[f"spec-{k}" for k in ks], *(["gpt"] if gpt_model is not None else [])]
+    names = ["one-token", *[f"spec-{k}" for k in ks], "gpt"]
     for name in names:  # warm-up, untimed
         timed_cpu(call(name, min(ns), 1), torch.device("cpu"))
     calls = {(name, n, B): call(name, n, B) for n in ns for B in batches for name in names}
@@ -119,11 +122,24 @@ def bench_speculative(aogpt: Any, *, gpt: Any = None, ns: list[int] = (128, 256)
     quality = _quality(model, gpt_model, ks, max(ns), samples, common)
     result = {"benchmark": "speculative", "ns": list(ns), "batches": list(batches), "ks": ks, "repeats": repeats,
               "samples": samples, "temperature": temperature, "top_p": top_p, "seed": seed, "rows": rows,
+              "gpt_weights": gpt_weights,
               "quality": quality, "environment": environment(torch.device("cpu")),
               "size": {k: getattr(model.config, k) for k in ("n_layer", "n_embd", "n_head", "vocab_size")}}
     if out is not None:
         result["files"] = write_outputs(out, "speculative", to_markdown(result), result, plot=plot)
     return result
+
+
+def _random_gpt_like(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Our left-to-right GPT at the AO-GPT's depth, width, heads, vocabulary and context, random weights."""
+    from aogpt.config import model_config
+    from aogpt.model import Transformer
+
+    c = model.config
+    torch.manual_seed(seed)
+    cfg = model_config("gpt", n_layer=c.n_layer, n_embd=c.n_embd, n_head=c.n_head, vocab_size=c.vocab_size,
+                       block_size=c.block_size)
+    return Transformer(cfg).to(next(model.parameters()).device).eval()
 
 
 def _quality(model: Any, gpt: Any, ks: list[int | str], n: int, samples: int, common: dict[str, Any]
@@ -163,7 +179,8 @@ def to_markdown(result: dict[str, Any]) -> str:
         f"AO-GPT ({size['n_layer']} layers, width {size['n_embd']}, vocabulary {size['vocab_size']}), sampling at "
         f"temperature {result['temperature']:g}, top-p {result['top_p']:g}, float64; median of {result['repeats']} "
         "interleaved runs (wall / CPU). Speed-up: one-token time ÷ this sampler's; tokens per forward pass per "
-        "sequence; acceptance rate by draft position (position 0 is always accepted).",
+        "sequence; acceptance rate by draft position (position 0 is always accepted). gpt: our left-to-right GPT "
+        f"with its KV cache ({result.get('gpt_weights', 'trained')}).",
         describe_environment(result["environment"]),
         "",
         markdown_table(["sampler", "n", "batch", "time", "forwards", "tokens / forward", "speed-up vs one token",
