@@ -132,6 +132,19 @@ def test_reports_forwards_tokens_per_forward_and_acceptance():
     assert (res.step_counts.sum(1) == 12).all()  # every sequence revealed every position once
 
 
+@pytest.mark.parametrize("k", [8, "auto"])
+def test_acceptance_counts_only_verified_drafts(k):
+    """Near the end of a sequence, or with per-sequence draft lengths, the sequences of a batch verify
+    different numbers of drafts; a fully accepted short draft must not count positions it never had.
+    Recounted here from the accepted counts: never more accepted than verified at any position."""
+    model = tiny("aogpt", vocab=3, block=14, seed=4)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(0.05)  # nearly flat conditionals: drafts are almost always accepted
+    res = generate(model, num_samples=6, length=14, seed=2, speculative=k, batch_size=6)
+    rates = res.timing["acceptance_by_position"]
+    assert rates and all(0.0 <= a <= 1.0 for a in rates.values()), rates
+
+
 def test_refusals():
     with pytest.raises(AOGPTError, match="cannot draft"):
         generate(tiny("gpt", vocab=5, block=6), num_samples=1, length=6, speculative=2)

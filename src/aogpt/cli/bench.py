@@ -89,8 +89,7 @@ def add_parser(subparsers: Any) -> None:
 
     t = sub.add_parser("train", help="training-step throughput of gpt, sigma, aogpt and encoder-mdm",
                        description="Time the real training step (forward, backward, AdamW, EMA) of every variant at "
-                       "equal size, with ratios to gpt and the paper code's reference figures; writes "
-                       "DIR/train.md and .json.")
+                       "equal size, interleaved, with ratios to gpt; writes DIR/train.md and .json.")
     t.add_argument("--block", type=LENGTH, default=None, help="tokens per sequence (default 256)")
     t.add_argument("--batch", type=BATCH, default=None, help="sequences per step (default 8)")
     t.add_argument("--variants", default=None, metavar="V,V,...", help="default gpt,sigma,aogpt,encoder-mdm")

@@ -141,7 +141,7 @@ class SpeculativeSampler:
         drafted = self.ychain[self._t(seqs[si]), self._t(self.g[seqs][si] + 1 + ji)]
         u = torch.rand(len(seqs), T, dtype=cfg.dtype, device=self.dev, generator=gen)
         rows = torch.arange(len(si), device=self.dev)
-        ok = torch.ones(len(seqs), T, dtype=torch.bool, device=self.dev)
+        ok = torch.zeros(len(seqs), T, dtype=torch.bool, device=self.dev)  # past a row's t: stop counting
         ok[s_t, j_t] = u[s_t, j_t] * p[rows, drafted] <= q[rows, drafted]  # u < q(d) / p(d)
         a = ok.long().cumprod(dim=1).sum(dim=1).cpu().numpy()  # drafts before the first rejection
         accepted[seqs] = a
