@@ -148,12 +148,12 @@ def _quality(model: Any, gpt: Any, ks: list[int | str], n: int, samples: int, co
     from aogpt.generate import generate
 
     evaluator = gpt if gpt is not None else model
-    seed = common["seed"] + 1000  # fresh draws, not the timed ones
-    kw = {**common, "seed": seed}
+    kw = {**common, "seed": common["seed"] + 1000}  # fresh draws, not the timed ones
     base = sample_nll(evaluator, generate(model, num_samples=samples, length=n, policy="count", **kw).tokens)
     out = {"evaluator": "gpt (left to right)" if gpt is not None else "the AO-GPT itself (left to right)", "n": n,
            "one-token": _summary(base)}
-    for k in ks:
+    for i, k in enumerate(ks, start=1):  # each sampler its own seed: independent samples, as Welch's test assumes
+        kw["seed"] = common["seed"] + 1000 + i
         nll = sample_nll(evaluator, generate(model, num_samples=samples, length=n, speculative=k, **kw).tokens)
         out[f"spec-{k}"] = {**_summary(nll), "welch_p": float(scipy.stats.ttest_ind(nll, base, equal_var=False).pvalue)}
     return out
