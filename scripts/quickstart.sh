@@ -37,7 +37,8 @@ read -r -a TRAIN_FLAGS <<< "${QUICKSTART_TRAIN_FLAGS:-}"
 read -r -a BENCH_FLAGS <<< "${QUICKSTART_BENCH_FLAGS:---n 128 --steps 16,128 --repeats 1 --methods aogpt,encoder,gpt}"
 SAMPLING=(--temperature 0.8 --top-p 0.9 --seed "$SEED" --no-progress)
 
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+if [ -t 1 ]; then BOLD=$'\033[1m' PLAIN=$'\033[0m'; else BOLD="" PLAIN=""; fi  # no escape codes in logs
+step() { printf '\n%s== %s%s\n' "$BOLD" "$*" "$PLAIN"; }
 
 step "1/5 prepare: $CORPUS, tokenizer $TOKENIZER -> $DATA"
 if [ "$CORPUS" = shakespeare ]; then
