@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 
-def _pyplot():
+def pyplot():
     os.environ.setdefault("MPLBACKEND", "Agg")
     import matplotlib
 
@@ -25,7 +25,7 @@ def save_png(draw: Callable[[Any], None], out_png: Path, figsize: tuple[float, f
     missing or broken matplotlib, or a failing drawing, becomes a warning and no PNG, so a plot never
     loses the numbers it shows."""
     try:
-        plt = _pyplot()
+        plt = pyplot()
         fig, ax = plt.subplots(figsize=figsize, dpi=dpi)
         try:
             draw(ax)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from aogpt.bench.common import describe_environment, markdown_table
-from aogpt.plots import _pyplot
+from aogpt.plots import pyplot
 
 LABELS = {"aogpt": "AO-GPT", "encoder-mdm": "encoder-only MDM"}
 ORDER_LABELS = {"random": "random", "l2r": "left to right", "confidence": "confidence (adaptive)",
@@ -77,7 +77,7 @@ def to_markdown(result: dict[str, Any]) -> str:
 def plot_solve_rates(result: dict[str, Any], out_png: Path) -> Path | None:
     """Solve rate per order with its 95% interval, one group of bars per model. Never raises."""
     try:
-        plt = _pyplot()
+        plt = pyplot()
         orders = result["orders"]
         models = list(dict.fromkeys(r["model"] for r in result["solve"]))
         fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=120)

@@ -21,7 +21,7 @@ from typing import Any
 
 from aogpt.errors import AOGPTError
 from aogpt.io import atomic_write_text, ensure_writable_dir, write_json
-from aogpt.plots import _pyplot, read_jsonl
+from aogpt.plots import pyplot, read_jsonl
 
 KIND_TITLES = {"l2r": "Left-to-Right", "any": "Any-Order", "own": "Own order"}
 Series = list[tuple[float, float]]
@@ -84,7 +84,7 @@ def overlay(panels: list[tuple[str, dict[str, Series]]], out_png: Path, *, title
     import warnings
 
     try:
-        plt = _pyplot()
+        plt = pyplot()
         fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), dpi=110, squeeze=False)
         labels = list(dict.fromkeys(label for _, d in panels for label in d))
         colors = {label: plt.get_cmap("tab10")(i % 10) for i, label in enumerate(labels)}

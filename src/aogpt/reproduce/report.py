@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from aogpt.io import atomic_write_text, ensure_writable_dir, write_json
-from aogpt.plots import _pyplot
+from aogpt.plots import save_png
 from aogpt.reproduce import stats
 from aogpt.reproduce.compare import overlay, read_run
 from aogpt.reproduce.findings import ANNEALING, ENSEMBLE_SIZES, FINDINGS, RUNS, Finding, value
@@ -52,24 +52,12 @@ def curve_figure(plan: Plan, finding: Finding, out: Path) -> Path | None:
     return overlay(panels, out, title=finding.title)
 
 
-def _save(fig: Any, plt: Any, out: Path) -> Path:
-    tmp = out.with_suffix(".tmp.png")
-    fig.tight_layout()
-    fig.savefig(tmp)
-    plt.close(fig)
-    tmp.replace(out)
-    return out
-
-
 def ensemble_figure(result: dict[str, Any], out: Path) -> Path | None:
     """Fig. 4 style: the decoder's any-order NLL against the ensemble size, the encoder as a band."""
-    try:
-        plt = _pyplot()
-        fig, ax = plt.subplots(figsize=(5.5, 4.2), dpi=110)
+
+    def draw(ax: Any) -> None:
         dec = [result["table"][f"decoder M={m}"] for m in ENSEMBLE_SIZES]
-        err = [[d["mean"] - (d["interval"] or [d["mean"]] * 2)[0] for d in dec],
-               [(d["interval"] or [d["mean"]] * 2)[1] - d["mean"] for d in dec]]
-        ax.errorbar(ENSEMBLE_SIZES, [d["mean"] for d in dec], yerr=err, marker="o", capsize=3,
+        ax.errorbar(ENSEMBLE_SIZES, [d["mean"] for d in dec], yerr=_errors(dec), marker="o", capsize=3,
                     label="decoder (AO-GPT), context-order ensemble")
         enc = result["table"]["encoder"]
         ax.axhline(enc["mean"], color="tab:red", label="encoder-only MDM")
@@ -77,65 +65,61 @@ def ensemble_figure(result: dict[str, Any], out: Path) -> Path | None:
             ax.axhspan(*enc["interval"], color="tab:red", alpha=0.15)
         ax.set_xscale("log", base=2)
         ax.set_xticks(ENSEMBLE_SIZES, [str(m) for m in ENSEMBLE_SIZES])
-        ax.set_xlabel("ensemble size M")
-        ax.set_ylabel("any-order NLL (nats / token)")
-        ax.set_title("Fig. 4: context-order ensembles")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        return _save(fig, plt, out)
-    except Exception:  # noqa: BLE001 - a figure must never lose the numbers
-        return None
+        _label(ax, "ensemble size M", "any-order NLL (nats / token)", "Fig. 4: context-order ensembles")
+
+    return save_png(draw, out, figsize=(5.5, 4.2), dpi=110)
 
 
 def genppl_figure(result: dict[str, Any], out: Path) -> Path | None:
-    try:
-        plt = _pyplot()
-        fig, ax = plt.subplots(figsize=(6, 4.2), dpi=110)
+    def draw(ax: Any) -> None:
         x = np.arange(len(ANNEALING))
         for i, model in enumerate(("aogpt", "encoder")):
             ys = [result["table"][f"{model} {s}"]["genppl"] for s, _, _ in ANNEALING]
             ax.bar(x + (i - 0.5) * 0.38, ys, 0.38, label="AO-GPT" if model == "aogpt" else "encoder-only MDM")
         ax.set_xticks(x, [f"{s}\ntop-p {p}, temp {t}" for s, p, t in ANNEALING], fontsize=8)
         ax.set_yscale("log")
-        ax.set_ylabel("generation perplexity (our left-to-right model)")
-        ax.set_title("Table 1: generation perplexity under annealing")
-        ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=8)
-        return _save(fig, plt, out)
-    except Exception:  # noqa: BLE001
-        return None
+        _label(ax, None, "generation perplexity (our left-to-right model)",
+               "Table 1: generation perplexity under annealing", grid_axis="y")
+
+    return save_png(draw, out, figsize=(6, 4.2), dpi=110)
 
 
 def orders_figure(rows: list[dict[str, Any]], out: Path) -> Path | None:
     """The trade-off: final left-to-right NLL against final any-order NLL, one point per training
     order, the Mallows sweep joined from left to right (theta = inf) to uniform (theta = 0)."""
-    try:
-        plt = _pyplot()
-        fig, ax = plt.subplots(figsize=(6, 4.6), dpi=110)
-        def errors(entries: list[dict[str, Any]]) -> list[list[float]]:
-            return [[e["mean"] - (e["interval"] or [e["mean"]] * 2)[0] for e in entries],
-                    [(e["interval"] or [e["mean"]] * 2)[1] - e["mean"] for e in entries]]
 
+    def draw(ax: Any) -> None:
         for group, style, color, label in (
                 ([r for r in rows if r["run"] != "mixture"], "-o", "tab:blue", "Mallows sweep (θ: ∞ → 0)"),
                 ([r for r in rows if r["run"] == "mixture"], "s", "tab:red",
                  "uniform + 10% left to right (AO-GPT recipe)")):
             if group:
                 xs, ys = [r["any"] for r in group], [r["l2r"] for r in group]
-                ax.errorbar([e["mean"] for e in xs], [e["mean"] for e in ys], xerr=errors(xs), yerr=errors(ys),
+                ax.errorbar([e["mean"] for e in xs], [e["mean"] for e in ys], xerr=_errors(xs), yerr=_errors(ys),
                             fmt=style, color=color, capsize=2, ms=6, label=label)
         for r in rows:
             if r["theta"]:
                 ax.annotate(f"θ={r['theta'].replace('inf', '∞')}", (r["any"]["mean"], r["l2r"]["mean"]),
                             fontsize=8, xytext=(4, 4), textcoords="offset points")
-        ax.set_xlabel("any-order NLL, uniform orders (nats / token)")
-        ax.set_ylabel("left-to-right NLL (nats / token)")
-        ax.set_title("Which orders matter: the trade-off")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        return _save(fig, plt, out)
-    except Exception:  # noqa: BLE001
-        return None
+        _label(ax, "any-order NLL, uniform orders (nats / token)", "left-to-right NLL (nats / token)",
+               "Which orders matter: the trade-off")
+
+    return save_png(draw, out, figsize=(6, 4.6), dpi=110)
+
+
+def _errors(entries: list[dict[str, Any]]) -> list[list[float]]:
+    """Error-bar lengths below and above each mean, from its 95% interval (none: zero)."""
+    return [[e["mean"] - (e["interval"] or [e["mean"]] * 2)[0] for e in entries],
+            [(e["interval"] or [e["mean"]] * 2)[1] - e["mean"] for e in entries]]
+
+
+def _label(ax: Any, xlabel: str | None, ylabel: str, title: str, grid_axis: str = "both") -> None:
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, axis=grid_axis)
+    ax.legend(fontsize=8)
 
 
 def _summary_entry(m: stats.Measurement) -> dict[str, Any]:
