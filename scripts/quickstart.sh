@@ -35,7 +35,7 @@ RUN=${QUICKSTART_RUN:-runs/quickstart-$(date +%Y%m%d-%H%M%S)}
 SEED=${QUICKSTART_SEED:-1337}
 read -r -a TRAIN_FLAGS <<< "${QUICKSTART_TRAIN_FLAGS:-}"
 read -r -a BENCH_FLAGS <<< "${QUICKSTART_BENCH_FLAGS:---n 128 --steps 16,128 --repeats 1 --methods aogpt,encoder,gpt}"
-SAMPLING=(--temperature 0.8 --top-p 0.9 --seed "$SEED" --no-progress)
+SAMPLING=(--policy count --temperature 0.8 --top-p 0.9 --seed "$SEED" --no-progress)  # one token per step: exact
 
 if [ -t 1 ]; then BOLD=$'\033[1m' PLAIN=$'\033[0m'; else BOLD="" PLAIN=""; fi  # no escape codes in logs
 step() { printf '\n%s== %s%s\n' "$BOLD" "$*" "$PLAIN"; }
@@ -62,9 +62,15 @@ aogpt train --preset "$PRESET" --variant aogpt --data "$DATA" --out "$RUN" --max
 done
 
 step "3/5 evaluate the EMA weights on the held-out text (lower is better; bits per byte compare across tokenizers)"
-aogpt eval --checkpoint "$RUN" --data "$DATA" --order l2r,random --num-orders 1 --seed "$SEED"
+aogpt eval --checkpoint "$RUN" --data "$DATA" --order l2r,random --num-orders 1 --seed "$SEED" --json \
+  | while IFS= read -r line; do
+      case $line in
+        '{'*) printf '%s\n' "$line" > "$RUN/eval-summary.json" ;;
+        *) printf '%s\n' "$line" ;;
+      esac
+    done
 
-step "4/5 samples from the EMA weights (temperature 0.8, top-p 0.9)"
+step "4/5 samples from the EMA weights (one token per step, temperature 0.8, top-p 0.9)"
 echo "-- left to right: one token per step, each drawn given the tokens before it, as a GPT generates --"
 aogpt sample --checkpoint "$RUN" --order l2r "${SAMPLING[@]}"
 echo
@@ -72,7 +78,7 @@ echo "-- random order: the same model reveals positions in a random order, each 
 echo "   tokens revealed so far, wherever they are (any-order generation, with the KV cache) --"
 aogpt sample --checkpoint "$RUN" --order random "${SAMPLING[@]}"
 echo
-echo "-- infilling: the given text is kept; each [MASK:k] is k tokens, filled in a random order --"
+echo "-- infilling: the given text is kept; each [MASK:k] is k tokens, filled one at a time in a random order --"
 INFILL="HAMLET:
 To be, or not to be, [MASK:12]
 [MASK:16]
@@ -92,8 +98,10 @@ from pathlib import Path
 
 run, preset, corpus, tokenizer, command = sys.argv[1:]
 s = json.loads((Path(run) / "train-summary.json").read_text())
-bpb = s.get("bpb/l2r/ema")
-reached = f", {bpb:.2f} bits/byte left to right" if bpb is not None else ""
+evaluated = Path(run) / "eval-summary.json"  # the whole held-out text, as printed in step 3
+rows = json.loads(evaluated.read_text())["results"] if evaluated.is_file() else []
+bpb = next((r.get("bpb") for r in rows if r.get("order") == "l2r"), None)
+reached = f", {bpb:.2f} bits/byte left to right on the held-out plays" if bpb is not None else ""
 early = " (cut short by the time limit: QUICKSTART_MINUTES=20 gives it more)" if s["stopped_by"] == "time" else ""
 print(f"Done: AO-GPT (preset {preset}) trained {s['step']:,} of {s['planned_steps']:,} steps on {corpus} "
       f"({tokenizer}){early}{reached}. Run: {run} (loss plot {s.get('plot') or run + '/loss.png'}, speed table "

@@ -53,10 +53,14 @@ def test_quickstart_end_to_end_tells_the_truth(tmp_path, make_corpus):
     for label in ("-- left to right:", "-- random order:", "-- infilling:"):
         assert any(line.startswith(label) for line in lines), label
     assert "To be, or not to be, " in out and "order l2r" in out and "order random" in out
+    assert out.count("(count, linear)") == 3  # one token per step: each sample follows the model's own law
     # the speed table in users' words, and the closing line
     assert "# Generation speed" in out and "What this run shows:" in out and "issue" not in out.lower()
     closing = done.stdout.splitlines()[-1]
     assert closing.startswith("Done: AO-GPT (preset tiny) trained") and "cut short by the time limit" in closing
     assert "bits/byte left to right" in closing and str(tmp_path / "run") in closing
+    # the closing line quotes the evaluation of the whole held-out text printed above, not another figure
+    evaluated = next(line for line in lines if "order=l2r" in line).split("bits/byte ")[1].split()[0]
+    assert f"{float(evaluated):.2f} bits/byte left to right" in closing
     assert "sample --checkpoint" in closing
     assert (tmp_path / "run" / "loss.png").is_file() and (tmp_path / "run" / "bench" / "generate.md").is_file()
