@@ -28,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of the whole pipeline (~1 minute)")
     p.add_argument("--budget-minutes", type=finite_float(gt=0, le=10**6), default=None, metavar="M",
                    help="pick the training steps so that everything fits M minutes on this machine "
-                   "(timed once, then fixed for DIR); default: the standard scale (~1 hour on 2 cores)")
+                   "(timed once, then fixed for DIR); default: the standard scale (about 30 minutes on 2 cores)")
     p.add_argument("--device", default="cpu", help="cpu (default: the documented scale), cuda, auto")
     p.add_argument("--no-progress", action="store_true", help="no progress bars or heartbeat lines")
     add_common(p)
