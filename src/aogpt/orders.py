@@ -76,6 +76,7 @@ class OrderSampler:
 
     spec: str = ""
     is_fixed: bool = False  # the same order every time (l2r, fixed-random, blockwise)
+    left_to_right: bool = False  # always the identity (l2r, and the limits mallows:inf and window:1)
 
     def sample(self, batch: int, n: int, device: torch.device | str = "cpu",
                generator: torch.Generator | None = None) -> torch.Tensor:
@@ -98,6 +99,7 @@ def uniform(batch: int, n: int, device: torch.device | str = "cpu",
 class LeftToRight(OrderSampler):
     spec = "l2r"
     is_fixed = True
+    left_to_right = True
 
     def sample(self, batch, n, device="cpu", generator=None):
         return identity(batch, n, device)
@@ -237,6 +239,7 @@ class Mallows(OrderSampler):
             raise AOGPTError(f"Mallows dispersion {theta} must be >= 0", "use e.g. mallows:1 (0: uniform, inf: l2r)")
         self.theta = theta
         self.spec = f"mallows:{theta:g}"
+        self.left_to_right = math.isinf(theta)
 
     def sample(self, batch, n, device="cpu", generator=None):
         return decode_ranks(mallows_ranks(batch, n, self.theta, device, generator))
@@ -250,6 +253,7 @@ class Window(OrderSampler):
             raise AOGPTError(f"window width {width} must be at least 1", "use e.g. window:8")
         self.width = width
         self.spec = f"window:{width}"
+        self.left_to_right = width == 1
 
     def sample(self, batch, n, device="cpu", generator=None):
         u = torch.rand(batch, n, device=device, generator=generator, dtype=torch.float64)
@@ -316,5 +320,9 @@ def is_left_to_right(order: str | OrderSampler | torch.Tensor | None) -> bool:
         return True
     if isinstance(order, torch.Tensor):
         return bool((order == torch.arange(order.shape[-1], device=order.device)).all())
-    spec = order.spec if isinstance(order, OrderSampler) else ALIASES.get(order, order)
-    return spec in (LeftToRight.spec, "mallows:inf", "window:1")
+    if not isinstance(order, OrderSampler):
+        try:
+            order = make_order_sampler(order)
+        except AOGPTError:  # an adaptive or unknown name: not a left-to-right order
+            return False
+    return order.left_to_right

@@ -29,6 +29,8 @@ import scipy.stats
 import torch
 
 from aogpt.bench.common import (
+    Size,
+    build_model,
     describe_environment,
     environment,
     fmt_ratio,
@@ -78,7 +80,10 @@ def bench_speculative(aogpt: Any, *, gpt: Any = None, ns: list[int] = (128, 256)
         raise AOGPTError("the GPT and the AO-GPT have different vocabularies", "use checkpoints of one tokenizer")
     timing_gpt, gpt_weights = gpt_model, "trained"
     if timing_gpt is None:  # its time does not depend on its weights (always n one-slot steps): random ones
-        timing_gpt, gpt_weights = _random_gpt_like(model, seed), "random weights, same size"
+        c = model.config
+        timing_gpt = build_model("gpt", Size(c.n_layer, c.n_embd, c.n_head, c.vocab_size), c.block_size,
+                                 next(model.parameters()).device, seed)
+        gpt_weights = "random weights, same size"
     common = dict(temperature=temperature, top_p=top_p, seed=seed)
     last: dict[Any, Any] = {}
 
@@ -128,18 +133,6 @@ def bench_speculative(aogpt: Any, *, gpt: Any = None, ns: list[int] = (128, 256)
     if out is not None:
         result["files"] = write_outputs(out, "speculative", to_markdown(result), result, plot=plot)
     return result
-
-
-def _random_gpt_like(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Our left-to-right GPT at the AO-GPT's depth, width, heads, vocabulary and context, random weights."""
-    from aogpt.config import model_config
-    from aogpt.model import Transformer
-
-    c = model.config
-    torch.manual_seed(seed)
-    cfg = model_config("gpt", n_layer=c.n_layer, n_embd=c.n_embd, n_head=c.n_head, vocab_size=c.vocab_size,
-                       block_size=c.block_size)
-    return Transformer(cfg).to(next(model.parameters()).device).eval()
 
 
 def _quality(model: Any, gpt: Any, ks: list[int | str], n: int, samples: int, common: dict[str, Any]
