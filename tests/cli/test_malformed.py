@@ -106,6 +106,7 @@ CASES: list[tuple[list[str], str]] = [
     ([*T, "--set", "model.n_layers=3"], "unknown key 'n_layers'"),
     ([*T, "--set", "nonsense"], "is not KEY=VALUE"),
     ([*T, "--set", "optim.lr=1"], "unknown section 'optim'"),
+    ([*T, "--set", "model.variant=bert"], "unknown variant"),
     ([*T, "--device", "gpu9"], "unknown device 'gpu9'"),
     ([*T, "--device", "cuda"], "CUDA is not available"),
     ([*T, "--dtype", "int8"], "unknown dtype 'int8'"),

@@ -62,7 +62,7 @@ def _stop(*args, **kwargs):
 
 
 STAND_INS = [  # where each command's work begins, after every check
-    "aogpt.cli.train_setup.Plan.run",  # train
+    "aogpt.train.planning.RunPlan.run",  # train
     "aogpt.generation.generate.for_inference",  # sample, eval --genppl-samples
     "aogpt.evaluation.evaluate.evaluate",  # eval
     "aogpt.evaluation.genppl.score_samples",

@@ -1,5 +1,7 @@
 """Training: AdamW, warmup + cosine, accumulation, clipping, EMA, validation, checkpoints, DDP/FSDP.
 
+    planning.py       plan(...): a run's configuration resolved in one pass (preset, config file,
+                      overrides, flags, resume or init, vocabulary, checks) -> a frozen RunPlan that runs
     trainer.py        Trainer: builds one run (model, EMA, optimizer, streams, wrappers), composes the parts
     step.py           the optimizer step over the global batch; optimizer, LR schedule, accumulation, loss
     validation.py     periodic validation: left-to-right and any-order loss, raw and EMA weights
@@ -25,6 +27,7 @@ time), for the raw and the EMA weights.
 from __future__ import annotations
 
 from aogpt.train.ema import EMA
+from aogpt.train.planning import RunPlan, plan, run_lock
 from aogpt.train.sources import BatchSource, RandomTokens
 from aogpt.train.step import (
     NonFiniteLoss,
@@ -47,6 +50,7 @@ __all__ = [
     "NonFiniteLoss",
     "OptimizerStep",
     "RandomTokens",
+    "RunPlan",
     "StepResult",
     "Trainer",
     "Validation",
@@ -56,5 +60,7 @@ __all__ = [
     "lr_at",
     "make_optimizer",
     "peak_flops",
+    "plan",
+    "run_lock",
     "training_loss",
 ]
