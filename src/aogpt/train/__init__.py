@@ -1,5 +1,7 @@
 """Training: AdamW, cosine or warm-up-stable-decay rates, accumulation, clipping, EMA, validation, checkpoints, DDP.
 
+    planning.py       plan(...): a run's configuration resolved in one pass (preset, config file,
+                      overrides, flags, resume or init, vocabulary, checks) -> a frozen RunPlan that runs
     trainer.py        Trainer: builds one run (model, EMA, optimizer, streams, wrappers), composes the parts
     step.py           the optimizer step over the global batch; optimizer, accumulation, loss
     schedule.py       the learning-rate schedule (cosine, or warm-up-stable-decay fitted to a time budget)
@@ -26,6 +28,7 @@ time), for the raw and the EMA weights.
 from __future__ import annotations
 
 from aogpt.train.ema import EMA
+from aogpt.train.planning import RunPlan, plan, run_lock
 from aogpt.train.schedule import LRSchedule, lr_at
 from aogpt.train.sources import BatchSource, RandomTokens
 from aogpt.train.step import (
@@ -49,6 +52,7 @@ __all__ = [
     "NonFiniteLoss",
     "OptimizerStep",
     "RandomTokens",
+    "RunPlan",
     "StepResult",
     "Trainer",
     "Validation",
@@ -58,5 +62,7 @@ __all__ = [
     "lr_at",
     "make_optimizer",
     "peak_flops",
+    "plan",
+    "run_lock",
     "training_loss",
 ]
