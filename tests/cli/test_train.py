@@ -24,6 +24,19 @@ def test_help(cli):
     assert result.code == 0 and "--preset" in result.out and "--resume" in result.out
 
 
+def test_a_time_budgeted_run_says_how_its_steps_and_rate_are_decided(cli, bytes_data, tmp_path):
+    result = cli("train", "--preset", "tiny", "--data", bytes_data, "--out", tmp_path / "run", "--max-minutes", "0.02",
+                 "--max-steps", "1000000", "--set", "train.lr_schedule=wsd", "--set", "train.curriculum=l2r@3",
+                 "--set", "train.log_interval=2", "--order", "uniform")
+    assert result.code == 0, result.err
+    assert "for 0.02 minutes (as many steps as fit, at most 1,000,000" in result.out
+    assert "orders: l2r@3 (step@end), then uniform; learning rate: warm-up 5 steps to 0.003, constant, then a " \
+           "linear decay to 0.0003 over the last 20% of the 0.02-minute budget" in result.out
+    assert "the 0.02-minute budget holds about" in result.err and "decaying to 0.0003 over the next" in result.err
+    summary = [line for line in result.out.splitlines() if line.startswith("trained aogpt")][0]
+    assert "warning" not in result.out  # the run ended where its schedule said, not cut by the clock
+
+
 def test_train_json_summary_checkpoint_and_plot(cli, bytes_data, tmp_path):
     out = tmp_path / "run"
     result = cli("train", "--preset", "tiny", "--data", bytes_data, "--out", out, "--max-steps", "4",
@@ -34,7 +47,8 @@ def test_train_json_summary_checkpoint_and_plot(cli, bytes_data, tmp_path):
     assert {"val/l2r/ema", "val/any/ema", "val/l2r/raw", "val/any/raw", "tokens_per_s"} <= set(summary)
     assert (out / "loss.png").is_file() and (out / "metrics.jsonl").is_file() and (out / "run.json").is_file()
     assert "perplexity" in result.out and "bits/byte" in result.out and "4 of 4 planned steps" in result.out
-    assert result.out.startswith("training aogpt (2 layers, width 32, context 32) for 4 steps of 8 x 32 tokens")
+    assert result.out.startswith("training aogpt (2 layers, width 32, context 32) on 8 x 32 tokens a step for 4 steps")
+    assert "orders: mixture:0.1; learning rate: warm-up 5 steps to 0.003, cosine decay to 0.0003 at step 4" in result.out, result.out
     assert summary["bpb/l2r/ema"] > 0 and summary["planned_steps"] == 4 and summary["stopped_by"] == "max_steps"
     assert "warning" not in result.out
     import aogpt

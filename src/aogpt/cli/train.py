@@ -121,14 +121,26 @@ def _dry_run(plan: Any, args: argparse.Namespace) -> int:
 
 
 def _print_plan(plan: Any) -> None:
-    """One line before the first step: what will be trained, how long, where."""
-    from aogpt.train import accumulation_steps
+    """Before the first step: what will be trained, how long, where; the orders and the rate's schedule."""
+    from aogpt.orders import make_curriculum
+    from aogpt.train import LRSchedule, accumulation_steps
 
     mc, tc = plan.model_cfg, plan.train_cfg
     sequences = tc.batch_size * accumulation_steps(tc, plan.info.world_size, mc.block_size) * plan.info.world_size
-    limit = f", at most {tc.max_minutes:g} minutes" if tc.max_minutes > 0 else ""
-    print(f"training {mc.variant} ({mc.n_layer} layers, width {mc.n_embd}, context {mc.block_size}) for "
-          f"{tc.max_steps:,} steps of {sequences} x {mc.block_size} tokens{limit} -> {plan.out}", flush=True)
+    schedule = LRSchedule(tc)
+    if schedule.time_budgeted:
+        length = (f"{tc.max_minutes:g} minutes (as many steps as fit, at most {tc.max_steps:,}; counted after the "
+                  "first steps)")
+    else:
+        limit = f", at most {tc.max_minutes:g} minutes" if tc.max_minutes > 0 else ""
+        length = f"{tc.max_steps:,} steps{limit}"
+    print(f"training {mc.variant} ({mc.n_layer} layers, width {mc.n_embd}, context {mc.block_size}) on "
+          f"{sequences} x {mc.block_size} tokens a step for {length} -> {plan.out}", flush=True)
+    curriculum = make_curriculum(tc.curriculum, tc.order, tc.l2r_first_steps)
+    orders = f"orders: {curriculum.final.spec}"
+    if curriculum.stages:
+        orders = f"orders: {curriculum.spec} (step@end), then {curriculum.final.spec}"
+    print(f"{orders}; {schedule.describe()}", flush=True)
 
 
 def _print_summary(s: dict[str, Any]) -> None:

@@ -59,7 +59,7 @@ def fit(t: Trainer, until: int | None = None) -> dict[str, Any]:
     stopped_by = t._stop_signal or ("time" if t.step < end else "max_steps" if end == t.schedule.end_step
                                     else "until")
     if stopped_by == "time" and t.show_progress:
-        print(f"time limit of {t.cfg.max_minutes:g} minutes reached after {t.step} of {t.cfg.max_steps} steps: "
+        print(f"time limit of {t.cfg.max_minutes:g} minutes reached after {t.step} of {end} steps: "
               "stopping early (a last validation and checkpoint follow)", file=sys.stderr, flush=True)
     final_eval = t.evaluate()
     if t.step % t.cfg.eval_interval == 0 or t.step == t.cfg.max_steps:

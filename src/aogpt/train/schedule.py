@@ -81,7 +81,7 @@ class LRSchedule:
         start, length = (self.decay_start, self.decay_steps) if self.decay_start is not None else self._planned_decay()
         if step < start:
             return cfg.lr
-        done = min(1.0, (step - start + 1) / length)  # the last step of the decay runs at min_lr
+        done = min(1.0, (step - start + 1) / max(length, 1))  # the last step of the decay runs at min_lr
         return cfg.lr + done * (cfg.min_lr - cfg.lr)
 
     def observe(self, step: int, train_seconds: float, seconds_per_step: float) -> bool:
@@ -98,7 +98,7 @@ class LRSchedule:
         if budget > 0 and train_seconds >= (1 - cfg.decay_share) * budget and seconds_per_step > 0:
             remaining = max(budget - train_seconds, 0.0) * TIME_MARGIN
             self.decay_start = step
-            self.decay_steps = max(1, min(int(remaining / seconds_per_step), cfg.max_steps - step))
+            self.decay_steps = min(int(remaining / seconds_per_step), cfg.max_steps - step)  # 0: no time left
             return True
         return False
 
