@@ -12,6 +12,7 @@
 #   QUICKSTART_DATA        prepared data directory (default data/<corpus>-<tokenizer>)
 #   QUICKSTART_RUN         run directory (default runs/quickstart-<time>)
 #   QUICKSTART_SEED        seed of training and sampling (default 1337)
+#   QUICKSTART_SAMPLES     samples of each kind (default 8; the first 2 are shown, their words checked)
 #   QUICKSTART_TRAIN_FLAGS extra flags for `aogpt train` (e.g. "--max-steps 300")
 #   QUICKSTART_BENCH_FLAGS flags of the speed table (`aogpt bench generate`)
 #   QUICKSTART_PYTHON      use this Python (with aogpt importable) instead of installing .venv
@@ -35,7 +36,11 @@ RUN=${QUICKSTART_RUN:-runs/quickstart-$(date +%Y%m%d-%H%M%S)}
 SEED=${QUICKSTART_SEED:-1337}
 read -r -a TRAIN_FLAGS <<< "${QUICKSTART_TRAIN_FLAGS:-}"
 read -r -a BENCH_FLAGS <<< "${QUICKSTART_BENCH_FLAGS:---n 128 --steps 16,128 --repeats 1 --methods aogpt,encoder,gpt}"
-SAMPLING=(--policy count --temperature 0.8 --top-p 0.9 --seed "$SEED" --no-progress)  # one token per step: exact
+SAMPLES=${QUICKSTART_SAMPLES:-8}
+# one token per step (exact); 8 samples of each kind, the first 2 shown, and the share of their words that are
+# words of the training text
+SAMPLING=(--policy count --temperature 0.8 --top-p 0.9 --seed "$SEED" --no-progress -n "$SAMPLES" --show 2
+          --word-check "$DATA")
 
 if [ -t 1 ]; then BOLD=$'\033[1m' PLAIN=$'\033[0m'; else BOLD="" PLAIN=""; fi  # no escape codes in logs
 step() { printf '\n%s== %s%s\n' "$BOLD" "$*" "$PLAIN"; }
@@ -70,7 +75,7 @@ aogpt eval --checkpoint "$RUN" --data "$DATA" --order l2r,random --num-orders 1 
       esac
     done
 
-step "4/5 samples from the EMA weights (one token per step, temperature 0.8, top-p 0.9)"
+step "4/5 samples from the EMA weights (one token per step, temperature 0.8, top-p 0.9; 2 of $SAMPLES shown)"
 echo "-- left to right: one token per step, each drawn given the tokens before it, as a GPT generates --"
 aogpt sample --checkpoint "$RUN" --order l2r "${SAMPLING[@]}"
 echo
@@ -101,7 +106,10 @@ s = json.loads((Path(run) / "train-summary.json").read_text())
 evaluated = Path(run) / "eval-summary.json"  # the whole held-out text, as printed in step 3
 rows = json.loads(evaluated.read_text())["results"] if evaluated.is_file() else []
 bpb = next((r.get("bpb") for r in rows if r.get("order") == "l2r"), None)
-reached = f", {bpb:.2f} bits/byte left to right on the held-out plays" if bpb is not None else ""
+anyo = next((r.get("bpb") for r in rows if r.get("order") == "random"), None)
+reached = f", {bpb:.2f} bits/byte left to right" if bpb is not None else ""
+reached += f" and {anyo:.2f} in a random order" if anyo is not None else ""
+reached += " on the held-out text" if reached else ""
 early = " (cut short by the time limit: QUICKSTART_MINUTES=20 gives it more)" if s["stopped_by"] == "time" else ""
 print(f"Done: AO-GPT (preset {preset}) trained {s['step']:,} of {s['planned_steps']:,} steps on {corpus} "
       f"({tokenizer}){early}{reached}. Run: {run} (loss plot {s.get('plot') or run + '/loss.png'}, speed table "

@@ -28,3 +28,15 @@ def test_perplexity_and_description() -> None:
     assert describe_loss(math.log(123.0), 2.3456) == "loss 4.812 nats/token, perplexity 123.0, 2.346 bits/byte"
     assert describe_loss(math.log(123.0)) == "loss 4.812 nats/token, perplexity 123.0"
     assert describe_loss(1.0, math.nan) == "loss 1.000 nats/token, perplexity 2.7"
+
+
+def test_words_and_their_share_in_a_vocabulary():
+    from aogpt.measures import vocabulary, word_share, words
+
+    assert words("To be, or not to be: O'er the HAMLET-ish sea!") == ["not", "the", "hamlet", "ish", "sea"]
+    known = vocabulary("Not the sea; never the hamlet.")
+    share = word_share(["To be, or not to be: the sea", "zzq hamlet xyzzy", "a I"], known)
+    assert (share.known, share.total) == (4, 6) and share.share == pytest.approx(4 / 6)
+    assert share.describe() == "4 of 6 words of 3+ letters occur in the training text (67%)"
+    empty = word_share(["a, b; I."], known)
+    assert empty.total == 0 and math.isnan(empty.share) and empty.describe() == "no words of 3+ letters"

@@ -54,6 +54,10 @@ def test_quickstart_end_to_end_tells_the_truth(tmp_path, make_corpus):
         assert any(line.startswith(label) for line in lines), label
     assert "To be, or not to be, " in out and "order l2r" in out and "order random" in out
     assert out.count("(count, linear)") == 3  # one token per step: each sample follows the model's own law
+    # 8 samples of each kind, 2 shown, and the share of their words found in the training text
+    assert out.count("--- sample 1 of 8 ---") == 3 and out.count("--- sample 3 of 8 ---") == 0
+    assert sum(line.startswith("words in all 8 samples: ") and "occur in the training text" in line
+               for line in lines) == 3
     # the speed table in users' words, and the closing line
     assert "# Generation speed" in out and "What this run shows:" in out and "issue" not in out.lower()
     closing = done.stdout.splitlines()[-1]
@@ -62,5 +66,7 @@ def test_quickstart_end_to_end_tells_the_truth(tmp_path, make_corpus):
     # the closing line quotes the evaluation of the whole held-out text printed above, not another figure
     evaluated = next(line for line in lines if "order=l2r" in line).split("bits/byte ")[1].split()[0]
     assert f"{float(evaluated):.2f} bits/byte left to right" in closing
+    evaluated = next(line for line in lines if "order=random" in line).split("bits/byte ")[1].split()[0]
+    assert f"and {float(evaluated):.2f} in a random order on the held-out text" in closing
     assert "sample --checkpoint" in closing
     assert (tmp_path / "run" / "loss.png").is_file() and (tmp_path / "run" / "bench" / "generate.md").is_file()

@@ -143,3 +143,19 @@ def test_speculative_sampling_reports_its_work(cli, tiny_run):
     for bad in (["--speculative", "0"], ["--speculative", "x"], ["--speculative", "2", "--steps", "4"]):
         out = cli("sample", "--checkpoint", tiny_run, "--length", "12", *bad)
         assert out.code == 2 and out.err.startswith("error:") and "Traceback" not in out.err
+
+
+def test_word_check_counts_the_samples_words_found_in_the_training_text(cli, runs, bytes_data):
+    """--word-check DATA: the share of all samples' 3+-letter words that occur in DATA's training text,
+    recomputed here from the samples the command printed in --json."""
+    from aogpt.data import PreparedData
+    from aogpt.measures import vocabulary, word_share
+
+    res = cli("sample", "--checkpoint", runs["aogpt"], "-n", "4", "--show", "1", "--length", "40", "--seed", "2",
+              "--word-check", bytes_data, "--json", "--no-progress")
+    assert res.code == 0, res.err
+    data = PreparedData(bytes_data)
+    want = word_share(res.json["samples"], vocabulary(data.tokenizer.decode(data.split("train").tolist())))
+    assert res.json["words"] == want.total and res.json["word_share"] == pytest.approx(want.share, nan_ok=True)
+    assert f"words in all 4 samples: {want.describe()}" in res.out
+    assert res.out.count("--- sample") == 1 and "--- sample 1 of 4 ---" in res.out

@@ -33,7 +33,9 @@ def test_a_time_budgeted_run_says_how_its_steps_and_rate_are_decided(cli, bytes_
     assert "orders: l2r@3 (step@end), then uniform; learning rate: warm-up 5 steps to 0.003, constant, then a " \
            "linear decay to 0.0003 over the last 20% of the 0.02-minute budget" in result.out
     assert "the 0.02-minute budget holds about" in result.err and "decaying to 0.0003 over the next" in result.err
-    summary = [line for line in result.out.splitlines() if line.startswith("trained aogpt")][0]
+    done = next(line for line in result.out.splitlines() if line.startswith("trained aogpt"))
+    steps, planned = done.split(" for ")[1].split(" planned steps")[0].split(" of ")
+    assert steps == planned and int(steps.replace(",", "")) > 3
     assert "warning" not in result.out  # the run ended where its schedule said, not cut by the clock
 
 
@@ -48,7 +50,8 @@ def test_train_json_summary_checkpoint_and_plot(cli, bytes_data, tmp_path):
     assert (out / "loss.png").is_file() and (out / "metrics.jsonl").is_file() and (out / "run.json").is_file()
     assert "perplexity" in result.out and "bits/byte" in result.out and "4 of 4 planned steps" in result.out
     assert result.out.startswith("training aogpt (2 layers, width 32, context 32) on 8 x 32 tokens a step for 4 steps")
-    assert "orders: mixture:0.1; learning rate: warm-up 5 steps to 0.003, cosine decay to 0.0003 at step 4" in result.out, result.out
+    assert "orders: mixture:0.1; learning rate: warm-up 5 steps to 0.003, cosine decay to 0.0003 at step 4" \
+        in result.out
     assert summary["bpb/l2r/ema"] > 0 and summary["planned_steps"] == 4 and summary["stopped_by"] == "max_steps"
     assert "warning" not in result.out
     import aogpt

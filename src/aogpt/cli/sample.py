@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from aogpt.cli.common import add_common, config_arg, emit_json, int_arg, progress
+from aogpt.cli.common import add_common, config_arg, emit_json, int_arg, path_arg, progress
 from aogpt.config import ModelConfig
 from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
@@ -67,6 +67,11 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--batch-size", type=config_arg(GenerationSettings, "batch_size"), default=32,
                    help="sequences decoded together (default 32)")
     p.add_argument("--weights", choices=("ema", "raw"), default="ema", help="EMA (default) or raw weights")
+    p.add_argument("--show", type=int_arg(ge=0, le=MAX_SAMPLES), default=None, metavar="N",
+                   help="print only the first N samples (default: all; --json still holds all)")
+    p.add_argument("--word-check", metavar="DATA", type=path_arg, default=None,
+                   help="also print the share of the samples' words (3+ letters) that occur in the training text "
+                   "of this prepared data directory: a plain check that samples are made of real words")
     p.add_argument("--no-cache", action="store_true",
                    help="recompute every slot at every step instead of using the KV cache (slow; for comparison)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
@@ -121,6 +126,16 @@ def _known(spec: str, length: int | None) -> dict[int, int]:
     return out
 
 
+def _training_words(data_dir: Any) -> frozenset[str]:
+    """The words of a prepared data directory's training text (read before the model loads, so a wrong
+    path fails first)."""
+    from aogpt.data import PreparedData
+    from aogpt.measures import vocabulary
+
+    data = PreparedData(data_dir)
+    return vocabulary(data.tokenizer.decode(data.split("train").tolist()))
+
+
 def _describe(s: dict[str, Any], weights: str) -> str:
     parts = [f"{s['variant']}", f"{s['num_samples']} sample(s) x {s['length']} tokens"]
     if s["known_tokens"]:
@@ -170,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)
     device = resolve_device(args.device)
+    known_words = _training_words(args.word_check) if args.word_check is not None else None
     loaded = load(args.checkpoint, weights=args.weights, device=device)
     if loaded.tokenizer is None:
         raise AOGPTError(f"checkpoint {loaded.path} has no tokenizer to decode samples", "re-save it with one")
@@ -194,12 +210,22 @@ def run(args: argparse.Namespace) -> int:
         rates = ", ".join(f"{j}: {a:.2f}" for j, a in t["acceptance_by_position"].items()) or "none verified"
         print(f"speculative decoding: {t['tokens_per_forward']:.2f} tokens per forward pass per sequence; "
               f"acceptance by draft position {rates}", file=sys.stderr)
-    for i, text in enumerate(res.texts or []):
-        if len(res.texts) > 1:
-            print(f"--- sample {i + 1} ---")
+    texts = res.texts or []
+    shown = texts if args.show is None else texts[:args.show]
+    for i, text in enumerate(shown):
+        if len(texts) > 1:
+            print(f"--- sample {i + 1} of {len(texts)} ---")
         print(text)
+    share = None
+    if known_words is not None:
+        from aogpt.measures import word_share
+
+        share = word_share(texts, known_words)
+        which = "the sample" if len(texts) == 1 else f"all {len(texts)} samples"
+        print(f"words in {which}: {share.describe()}")
     if args.json:
         emit_json({"command": "sample", "checkpoint": str(loaded.path), "step": loaded.step,
                    "weights": args.weights, "samples": res.texts, "tokens": res.tokens.tolist(),
-                   "timing": res.timing, "settings": res.settings})
+                   "timing": res.timing, "settings": res.settings,
+                   **({"word_share": share.share, "words": share.total} if share is not None else {})})
     return 0
