@@ -116,6 +116,12 @@ class TrainConfig:
     curriculum: str = ""
     lr_schedule: str = "cosine"  # cosine, or wsd: warm-up, constant, decay over the last decay_share (train.schedule)
     decay_share: float = bounded(0.2, gt=0, lt=1)  # wsd: the share of the run (or of max_minutes) spent decaying
+    # The target pathway (the tables and adaLN layers that carry the target position): its learning rate x this,
+    # and its initialisation (aogpt.train.init; none changes the model's forward, only where training starts).
+    target_lr_mult: float = bounded(1.0, gt=0, le=1000)
+    init_target_std: float = bounded(0.0, ge=0, le=100)  # > 0: target-position tables drawn with this std
+    init_modulation_std: float = bounded(0.0, ge=0, le=10)  # > 0: adaLN weights drawn with this std (not zero)
+    init_open_gates: bool = False  # adaLN gates start at 1 (every block works from step 0), not at 0
     eval_interval: int = bounded(100, ge=1, le=STEPS_MAX)
     eval_batches: int = bounded(8, ge=1, le=10**6)
     eval_orders_seed: int = bounded(1234, ge=0, le=SEED_MAX)

@@ -285,6 +285,11 @@ class Transformer(nn.Module):
                 for table in tables:
                     table.weight.copy_(sinusoids(*table.weight.shape, std))
 
+    def target_pathway(self) -> dict[str, nn.Parameter]:
+        """The parameters that carry the target position (the position a slot must predict): the
+        target tables (``wtpe``) and AO-GPT's adaLN layers. Empty for a left-to-right GPT or the encoder."""
+        return {name: p for name, p in self.named_parameters() if "wtpe" in name or "adaLN" in name}
+
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:

@@ -3,6 +3,7 @@
     planning.py       plan(...): a run's configuration resolved in one pass (preset, config file,
                       overrides, flags, resume or init, vocabulary, checks) -> a frozen RunPlan that runs
     trainer.py        Trainer: builds one run (model, EMA, optimizer, streams, wrappers), composes the parts
+    init.py           options for where training starts on the target pathway (never the forward)
     step.py           the optimizer step over the global batch; optimizer, accumulation, loss
     schedule.py       the learning-rate schedule (cosine, or warm-up-stable-decay fitted to a time budget)
     validation.py     periodic validation: left-to-right and any-order loss, raw and EMA weights

@@ -17,7 +17,7 @@ from torch import nn
 
 from aogpt.config import TrainConfig
 from aogpt.errors import AOGPTError
-from aogpt.families import family_of
+from aogpt.families import family_of, unwrap
 from aogpt.train import distributed
 from aogpt.train.schedule import LRSchedule
 from aogpt.validation import field_range
@@ -48,12 +48,18 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices and embeddings (>= 2-D) only, not on biases and norms."""
+    """AdamW; weight decay on matrices and embeddings (>= 2-D) only, not on biases and norms. The target
+    pathway's parameters (`Transformer.target_pathway`) run at `target_lr_mult` times the rate
+    (each group's ``lr_scale``, applied by `OptimizerStep`)."""
+    target = {id(p) for p in unwrap(model).target_pathway().values()} if cfg.target_lr_mult != 1.0 else set()
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
+    groups = []
+    for scale, members in ((1.0, [p for p in params if id(p) not in target]),
+                           (cfg.target_lr_mult, [p for p in params if id(p) in target])):
+        groups += [{"params": [p for p in members if p.dim() >= 2], "weight_decay": cfg.weight_decay,
+                    "lr_scale": scale},
+                   {"params": [p for p in members if p.dim() < 2], "weight_decay": 0.0, "lr_scale": scale}]
+    groups = [g for g in groups if g["params"]]
     fused = device.type == "cuda"
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
 
@@ -123,7 +129,7 @@ class OptimizerStep:
         self.model.train()
         lr = self.schedule.lr(step)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)
         total = self._accumulate(idx_all, order_all, order_gen)
         grad_norm = (
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)

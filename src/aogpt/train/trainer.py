@@ -23,6 +23,7 @@ from aogpt.model import Transformer
 from aogpt.orders import make_curriculum
 from aogpt.train import checkpointing, distributed, loop
 from aogpt.train.ema import EMA
+from aogpt.train.init import init_target_pathway
 from aogpt.train.metrics import MetricsLog
 from aogpt.train.schedule import LRSchedule
 from aogpt.train.sources import BatchSource
@@ -81,6 +82,7 @@ class Trainer:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         self.raw = Transformer(self.model_cfg).to(self.device)
+        init_target_pathway(self.raw, cfg)
         if cfg.init_from:
             checkpointing.init_weights_from(self.raw, Path(cfg.init_from))
         self.ema = EMA(self.raw, cfg.ema_decay, cfg.ema_warmup)
