@@ -1,0 +1,360 @@
+"""The serving engine: continuous batching of exact any-order decoding, usable without HTTP.
+
+Each admitted request (a `Job`) runs the library's own `aogpt.generate` in a thread of its own, on a
+`SharedModel`: a stand-in for the model whose ``forward_slots`` hands the call to the engine and
+waits. The engine's loop runs whatever calls are waiting as one forward
+(`aogpt.serve.batching.run_together`), so requests that arrive while others decode join at the next
+step and finished ones simply stop calling. Sampling, plans, orders, speculative drafts and
+adaptive choices all happen in the request's own `generate`, with its own random streams, exactly
+as offline: only the forward is shared, and it is batch-invariant, so a seeded request gets the
+tokens `aogpt.generate(model, seed=...)` gives, alone or among others (docs/serve.md).
+
+Admission is first come, first served under three limits (`EngineLimits`): sequences decoded at
+once, tokens in flight (sum of n x length over running requests) and a bounded waiting queue;
+`submit` refuses a request that would overflow the queue (`Busy`, with a retry estimate) or that
+comes after `drain` (`Draining`). `Job.cancel` (a client that went away) releases the job at the
+next step: its waiting forward call is answered with `Cancelled`, which unwinds its `generate`.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from aogpt.errors import AOGPTError
+from aogpt.generate import GenerationResult, generate
+from aogpt.generation.reveal import Revealed
+from aogpt.inference import for_inference
+from aogpt.kv_cache import KVCache
+from aogpt.serve.batching import ForwardCall, row_invariant, run_alone, run_together
+from aogpt.validation import bounded, check_ranges
+
+log = logging.getLogger("aogpt.serve")
+
+
+class Cancelled(Exception):
+    """The job was cancelled (its client went away, or the server stopped) before it finished."""
+
+
+class Busy(Exception):
+    """The waiting queue is full: try again after `retry_after` seconds."""
+
+    def __init__(self, retry_after: int):
+        super().__init__(f"the server is busy (its queue is full); retry after {retry_after} s")
+        self.retry_after = retry_after
+
+
+class Draining(Exception):
+    """The server is shutting down: it finishes the requests it has and takes no new ones."""
+
+    def __init__(self):
+        super().__init__("the server is shutting down and takes no new requests")
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """How much the engine takes on. max_sequences: sequences decoded at once (a request with n
+    samples counts n); max_tokens_in_flight: sum of n x length over the running requests;
+    max_queue: requests waiting beyond those; gather_seconds: how long a step waits for requests
+    still sampling their previous step before it runs without them."""
+
+    max_sequences: int = bounded(32, ge=1, le=4096, integer=True)
+    max_tokens_in_flight: int = bounded(16384, ge=1, le=2**24, integer=True)
+    max_queue: int = bounded(64, ge=0, le=100_000, integer=True)
+    gather_seconds: float = bounded(0.002, ge=0.0, le=1.0)
+
+    def validate(self) -> EngineLimits:
+        check_ranges(self, "engine limits")
+        return self
+
+
+@dataclass(eq=False)
+class Job:
+    """One request: `generate` keyword arguments (the model is the engine's), its size, and where
+    its events go: ``on_event("step", Revealed)`` after each step, then ``("done",
+    GenerationResult)`` or ``("error", (status, message))``, from the job's thread."""
+
+    kwargs: dict[str, Any]
+    sequences: int
+    tokens: int
+    on_event: Callable[[str, Any], None] = lambda kind, payload: None
+    id: int = field(default_factory=itertools.count(1).__next__)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    finished: threading.Event = field(default_factory=threading.Event)
+    result: GenerationResult | None = None
+    error: tuple[int, str] | None = None
+    started: float | None = None
+    _engine: Engine | None = None
+
+    def cancel(self) -> None:
+        """Stop this job at its next step (nothing happens if it has finished)."""
+        self.cancelled.set()
+        if self._engine is not None:
+            self._engine._cancel(self)
+
+
+@dataclass(eq=False)
+class _Waiting:
+    """A forward call parked until the engine's loop has run it."""
+
+    job: Job
+    call: ForwardCall
+    done: threading.Event = field(default_factory=threading.Event)
+    logits: torch.Tensor | None = None
+    error: BaseException | None = None
+
+
+class SharedModel:
+    """What a job's `generate` sees as its model: the engine's model for everything but the forward,
+    which waits for the engine's next batched step."""
+
+    def __init__(self, engine: Engine, job: Job):
+        self._engine, self._job = engine, job
+        self.config = engine.model.config
+        self.training = False
+
+    def parameters(self):
+        return self._engine.model.parameters()
+
+    def eval(self) -> SharedModel:
+        return self
+
+    def train(self, mode: bool = True) -> SharedModel:
+        return self
+
+    def conditions(self):
+        return self._engine.conditions
+
+    def setup_cache(self, batch: int, capacity: int | None = None, attention: str = "sdpa") -> KVCache:
+        """`Transformer.setup_cache`, with the adaLN tables computed once for all requests."""
+        cfg, p = self.config, next(self.parameters())
+        return KVCache(cfg.n_layer, batch, cfg.n_head, capacity or cfg.block_size + 2, cfg.head_dim, p.device,
+                       p.dtype, self._engine.conditions, attention)
+
+    def forward_slots(self, tokens: torch.Tensor, pos: torch.Tensor, target: torch.Tensor | None = None, *,
+                      attn_mask: torch.Tensor | None = None, cache: KVCache | None = None, cache_pos: Any = None,
+                      select: torch.Tensor | None = None, conditions: Any = None) -> torch.Tensor:
+        call = ForwardCall(tokens, pos, target, attn_mask, cache, cache_pos, select, conditions)
+        return self._engine._forward(self._job, call)
+
+
+class Engine:
+    """Continuous batching over one model (module docstring). Use as a context manager, or call
+    `start` and `stop`; `submit` jobs, or `run` one and wait for its result."""
+
+    def __init__(self, model: torch.nn.Module, limits: EngineLimits | None = None):
+        self.model = model.eval().requires_grad_(False)
+        self.limits = (limits or EngineLimits()).validate()
+        self.runner = for_inference(self.model, rows_hint=self.limits.max_sequences)
+        with torch.inference_mode():
+            self.conditions = self.model.conditions()
+        self.row_invariant = row_invariant(self.runner)
+        if not self.row_invariant:
+            log.warning("this machine's matrix kernels round a row differently with the number of rows: batched "
+                        "requests may differ from offline generate() in rare tokens")
+        self._lock = threading.Condition()
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._running: set[Job] = set()
+        self._calls: list[_Waiting] = []
+        self._draining = self._stopping = False
+        self._loop: threading.Thread | None = None
+        self._job_seconds = 1.0  # running mean of a job's time, for Retry-After
+        self.stats = {"steps": 0, "rows": 0, "requests": 0, "finished": 0, "cancelled": 0, "failed": 0, "refused": 0}
+
+    # ----------------------------------------------------------------- lifecycle
+    def start(self) -> Engine:
+        if self._loop is None:
+            self._loop = threading.Thread(target=self._run_loop, name="aogpt-engine", daemon=True)
+            self._loop.start()
+        return self
+
+    def drain(self) -> None:
+        """Take no new requests; those running or waiting still finish."""
+        with self._lock:
+            self._draining = True
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Drain, wait up to `timeout` seconds for the accepted requests, cancel what is left, stop."""
+        self.drain()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while self._running or self._waiting:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._lock.wait(left)
+            leftover = [*self._running, *self._waiting]
+        for job in leftover:
+            job.cancel()
+        with self._lock:
+            self._stopping = True
+            self._lock.notify_all()
+        if self._loop is not None:
+            self._loop.join()
+            self._loop = None
+
+    def __enter__(self) -> Engine:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop(timeout=0 if exc[0] is not None else None)
+
+    # ----------------------------------------------------------------- requests
+    def submit(self, job: Job) -> Job:
+        """Queue `job` (raises `Busy` or `Draining`); it starts as soon as the limits allow."""
+        with self._lock:
+            if self._draining:
+                raise Draining()
+            must_wait = bool(self._waiting) or not self._fits(job)
+            if must_wait and len(self._waiting) >= self.limits.max_queue:
+                self.stats["refused"] += 1
+                raise Busy(max(1, round(self._job_seconds * (1 + len(self._waiting)) / max(1, len(self._running)))))
+            job._engine = self
+            self.stats["requests"] += 1
+            self._waiting.append(job)
+            self._admit()
+        return job
+
+    def run(self, timeout: float | None = None, **kwargs: Any) -> GenerationResult:
+        """Submit one request with these `generate` arguments and wait for its result (Python use)."""
+        n = kwargs.get("num_samples", 1)
+        condition = kwargs.get("condition")
+        length = condition.length if condition is not None else kwargs.get("length") or self.model.config.block_size
+        job = self.submit(Job(kwargs, n, n * length))
+        if not job.finished.wait(timeout):
+            job.cancel()
+            raise TimeoutError(f"the request took longer than {timeout} s")
+        if job.error is not None:
+            raise AOGPTError(job.error[1], "fix the request") if job.error[0] == 400 else RuntimeError(job.error[1])
+        return job.result
+
+    def load(self) -> dict[str, int]:
+        """What the engine holds now: requests running and waiting, sequences and tokens in flight."""
+        with self._lock:
+            return {"running": len(self._running), "waiting": len(self._waiting),
+                    "sequences": sum(j.sequences for j in self._running),
+                    "tokens_in_flight": sum(j.tokens for j in self._running)}
+
+    def _fits(self, job: Job) -> bool:
+        if not self._running:
+            return True
+        return (sum(j.sequences for j in self._running) + job.sequences <= self.limits.max_sequences
+                and sum(j.tokens for j in self._running) + job.tokens <= self.limits.max_tokens_in_flight)
+
+    def _admit(self) -> None:
+        """Start waiting jobs, first come first served, while the limits allow (lock held)."""
+        while self._waiting and not self._stopping and self._fits(self._waiting[0]):
+            job = self._waiting.popleft()
+            if job.cancelled.is_set():
+                self._finish(job, error=None)
+                continue
+            self._running.add(job)
+            job.started = time.monotonic()
+            threading.Thread(target=self._run_job, args=(job,), name=f"aogpt-job-{job.id}", daemon=True).start()
+
+    def _finish(self, job: Job, error: tuple[int, str] | None) -> None:
+        """Record how a job ended and tell its owner (lock held)."""
+        if job.finished.is_set():
+            return
+        if job.result is not None:
+            kind = "finished"
+            self._job_seconds = 0.8 * self._job_seconds + 0.2 * (time.monotonic() - (job.started or 0.0))
+        elif error is not None:
+            kind = "failed"
+        else:
+            kind = "cancelled"
+            error = (503, "the request was cancelled (its client went away, or the server stopped)")
+        self.stats[kind] += 1
+        job.error = None if kind == "finished" else error
+        job.finished.set()
+        job.on_event(*(("done", job.result) if kind == "finished" else ("error", job.error)))
+
+    def _run_job(self, job: Job) -> None:
+        error: tuple[int, str] | None = None
+        try:
+            on_step: Callable[[Revealed], None] = lambda revealed: job.on_event("step", revealed)  # noqa: E731
+            job.result = generate(SharedModel(self, job), **job.kwargs, prepack=False, compile=False,
+                                  on_step=on_step)
+        except Cancelled:
+            pass
+        except AOGPTError as exc:
+            error = (400, str(exc))
+        except Exception:  # a bug: the traceback goes to the server's log, never to the client
+            log.error("request %d failed:\n%s", job.id, traceback.format_exc())
+            error = (500, "internal error while generating (the server's log has the details)")
+        with self._lock:
+            self._running.discard(job)
+            self._finish(job, error)
+            self._admit()
+            self._lock.notify_all()
+
+    def _cancel(self, job: Job) -> None:
+        with self._lock:
+            if job in self._waiting:
+                self._waiting.remove(job)
+                self._finish(job, None)
+            for w in self._calls:
+                if w.job is job:
+                    w.error = Cancelled()
+                    w.done.set()
+            self._calls = [w for w in self._calls if w.job is not job]
+            self._lock.notify_all()
+
+    # ----------------------------------------------------------------- the loop
+    def _forward(self, job: Job, call: ForwardCall) -> torch.Tensor:
+        """Called from a job's thread: park the call, wait for the step that runs it."""
+        waiting = _Waiting(job, call)
+        with self._lock:
+            if job.cancelled.is_set() or self._stopping:
+                raise Cancelled()
+            self._calls.append(waiting)
+            self._lock.notify_all()
+        waiting.done.wait()
+        if waiting.error is not None:
+            raise waiting.error
+        return waiting.logits
+
+    def _run_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._calls and not self._stopping:
+                    self._lock.wait()
+                if self._stopping and not self._calls:
+                    return
+                deadline = time.monotonic() + self.limits.gather_seconds
+                while len(self._calls) < len(self._running) and not self._stopping:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._lock.wait(left)
+                batch, self._calls = self._calls, []
+            self._step(batch)
+
+    def _step(self, batch: list[_Waiting]) -> None:
+        """Run one step's calls: those with a KV cache stacked into one forward, the others alone."""
+        stacked = [w for w in batch if w.call.cache is not None and w.call.conditions is None]
+        alone = [w for w in batch if w not in stacked]
+        try:
+            with torch.inference_mode():
+                if stacked:
+                    for w, logits in zip(stacked, run_together(self.runner, [w.call for w in stacked],
+                                                               self.conditions), strict=True):
+                        w.logits = logits
+                for w in alone:
+                    w.logits = run_alone(self.runner, w.call)
+        except BaseException as exc:  # handed to the jobs' threads, which report it
+            for w in batch:
+                w.error = exc
+        self.stats["steps"] += 1
+        self.stats["rows"] += sum(w.call.tokens.numel() for w in batch)
+        for w in batch:
+            w.done.set()
