@@ -26,10 +26,10 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from aogpt.errors import AOGPTError
-from aogpt.serve.engine import Busy, Draining, Engine, Job
+from aogpt.serve.engine import Busy, Draining, Engine, Job, job_size
 from aogpt.serve.protocol import (
-    CompletionRequest,
     Choice,
+    CompletionRequest,
     choices_for,
     chunk,
     completion_body,
@@ -116,8 +116,7 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int
             return error_response(404, f"model {body.model!r} is not served here (this server serves "
                                        f"{model_name!r}; GET /v1/models lists it)", "not_found_error", "model")
         try:
-            kwargs, first, in_flight = to_generate(body, config, tokenizer, max_samples,
-                                                   engine.limits.max_tokens_in_flight)
+            kwargs, first = to_generate(body, config, tokenizer, max_samples)
         except AOGPTError as exc:
             return error_response(400, str(exc))
         loop = asyncio.get_running_loop()
@@ -126,9 +125,11 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int
         def deliver(kind: str, payload: Any) -> None:
             loop.call_soon_threadsafe(events.put_nowait, (kind, payload))
 
-        job = Job(kwargs, body.n, in_flight, deliver)
+        job = Job(kwargs, *job_size(kwargs, config), deliver)
         try:
             engine.submit(job)
+        except AOGPTError as exc:
+            return error_response(400, str(exc))
         except Busy as exc:
             return error_response(503, str(exc), "server_busy", headers={"Retry-After": str(exc.retry_after)})
         except Draining as exc:
@@ -145,7 +146,8 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int
             job.cancel()
             return error_response(499, "the client closed the connection")
         if kind == "error":
-            return error_response(payload[0], payload[1], "invalid_request_error" if payload[0] == 400 else "server_error")
+            kind = "invalid_request_error" if payload[0] == 400 else "server_error"
+            return error_response(payload[0], payload[1], kind)
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage"))
             return StreamingResponse(_stream(request_id, model_name, (kind, payload), events, job, choices,

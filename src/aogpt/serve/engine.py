@@ -33,6 +33,7 @@ import torch
 from aogpt.errors import AOGPTError
 from aogpt.generate import GenerationResult, generate
 from aogpt.generation.reveal import Revealed
+from aogpt.generation.settings import GenerationSettings
 from aogpt.inference import for_inference
 from aogpt.kv_cache import KVCache
 from aogpt.serve.batching import ForwardCall, row_invariant, run_alone, run_together
@@ -75,6 +76,16 @@ class EngineLimits:
     def validate(self) -> EngineLimits:
         check_ranges(self, "engine limits")
         return self
+
+
+def job_size(kwargs: dict[str, Any], config: Any) -> tuple[int, int]:
+    """(sequences decoded at once, tokens in flight) of a `generate` call: `generate` decodes at most
+    batch_size (default 32) of its samples at a time."""
+    n = int(kwargs.get("num_samples", 1))
+    condition = kwargs.get("condition")
+    length = condition.length if condition is not None else kwargs.get("length") or config.block_size
+    at_once = min(n, int(kwargs.get("batch_size") or GenerationSettings.batch_size))
+    return at_once, at_once * int(length)
 
 
 @dataclass(eq=False)
@@ -210,7 +221,13 @@ class Engine:
 
     # ----------------------------------------------------------------- requests
     def submit(self, job: Job) -> Job:
-        """Queue `job` (raises `Busy` or `Draining`); it starts as soon as the limits allow."""
+        """Queue `job` (raises `Busy` or `Draining`, or `AOGPTError` for a job larger than the limits);
+        it starts as soon as the limits allow."""
+        lim = self.limits
+        if job.sequences > lim.max_sequences or job.tokens > lim.max_tokens_in_flight:
+            raise AOGPTError(f"this request decodes {job.sequences} sequences and {job.tokens} tokens at once, more "
+                             f"than this server takes ({lim.max_sequences} sequences, {lim.max_tokens_in_flight} "
+                             "tokens in flight)", "lower n or max_tokens")
         with self._lock:
             if self._draining:
                 raise Draining()
@@ -226,10 +243,7 @@ class Engine:
 
     def run(self, timeout: float | None = None, **kwargs: Any) -> GenerationResult:
         """Submit one request with these `generate` arguments and wait for its result (Python use)."""
-        n = kwargs.get("num_samples", 1)
-        condition = kwargs.get("condition")
-        length = condition.length if condition is not None else kwargs.get("length") or self.model.config.block_size
-        job = self.submit(Job(kwargs, n, n * length))
+        job = self.submit(Job(kwargs, *job_size(kwargs, self.model.config)))
         if not job.finished.wait(timeout):
             job.cancel()
             raise TimeoutError(f"the request took longer than {timeout} s")

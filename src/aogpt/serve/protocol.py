@@ -65,11 +65,10 @@ def is_template(prompt: Any) -> bool:
     return isinstance(prompt, str) and BLANK.search(prompt) is not None
 
 
-def to_generate(req: CompletionRequest, config: Any, tokenizer: Any, max_samples: int,
-                max_tokens_in_flight: int) -> tuple[dict[str, Any], int, int]:
-    """The `generate` keyword arguments of a request, the number of known tokens that precede the
-    completion (a prompt's; 0 for a template: its completion is the whole text), and the tokens the
-    request keeps in flight. Raises `AOGPTError` for what the model or the server's limits refuse."""
+def to_generate(req: CompletionRequest, config: Any, tokenizer: Any, max_samples: int) -> tuple[dict[str, Any], int]:
+    """The `generate` keyword arguments of a request and the number of known tokens that precede the
+    completion (a prompt's; 0 for a template: its completion is the whole text). Raises `AOGPTError`
+    for what the model or the server's limit on samples refuses."""
     if req.n > max_samples:
         raise AOGPTError(f"n = {req.n} is more than this server's {max_samples} samples per request",
                          f"ask for at most {max_samples}, or start the server with a larger --max-samples")
@@ -94,10 +93,6 @@ def to_generate(req: CompletionRequest, config: Any, tokenizer: Any, max_samples
         first = len(ids)
     if condition.positions.numel() >= condition.length:
         raise AOGPTError("the template has no blanks to fill", "add [MASK] or [MASK:k], or set max_tokens")
-    in_flight = req.n * condition.length
-    if in_flight > max_tokens_in_flight:
-        raise AOGPTError(f"this request needs {in_flight} tokens in flight (n x length), the server allows "
-                         f"{max_tokens_in_flight}", "lower n or max_tokens")
     kwargs: dict[str, Any] = {
         "condition": condition, "num_samples": req.n, "seed": req.seed, "tokenizer": tokenizer,
         "return_text": False, "order": req.order, "steps": req.steps, "policy": req.policy,
@@ -105,7 +100,7 @@ def to_generate(req: CompletionRequest, config: Any, tokenizer: Any, max_samples
         "threshold": req.threshold, "top_p": req.top_p, "top_k": req.top_k,
         "temperature": req.temperature if req.temperature > 0 else None, "greedy": req.temperature == 0 or None,
     }
-    return kwargs, first, in_flight
+    return kwargs, first
 
 
 def stops(req: CompletionRequest) -> list[str]:
