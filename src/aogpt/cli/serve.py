@@ -62,7 +62,6 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
     import uvicorn
 
     from aogpt.checkpoint import load
@@ -71,14 +70,12 @@ def run(args: argparse.Namespace) -> int:
     from aogpt.serve.engine import Engine, EngineLimits
 
     sock = bind(args.host, args.port)  # before the model loads: a busy port fails at once
-    if args.threads:
-        torch.set_num_threads(args.threads)
     loaded = load(args.checkpoint, weights=args.weights, device=resolve_device(args.device))
     run_dir = loaded.path.parent if loaded.path.name.startswith("ckpt-") else loaded.path
     name = args.name or run_dir.name
     limits = EngineLimits(max_sequences=args.max_sequences, max_tokens_in_flight=args.max_tokens_in_flight,
                           max_queue=args.max_queue)
-    engine = Engine(loaded.model, limits)
+    engine = Engine(loaded.model, limits, threads=args.threads)
     app = create_app(engine, loaded.tokenizer, name, max_samples=args.max_samples)
     config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=None, lifespan="on")
 
@@ -86,6 +83,9 @@ def run(args: argparse.Namespace) -> int:
         def handle_exit(self, sig: int, frame: Any) -> None:  # SIGTERM / Ctrl-C: refuse new work, finish the rest
             engine.drain()
             super().handle_exit(sig, frame)
+            # uvicorn re-raises the signal once it has shut down, so the process would die of it; a drained
+            # server exits 0 instead (and prints its summary)
+            getattr(self, "_captured_signals", []).clear()
 
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
@@ -98,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
               "generate() in rare tokens (docs/serve.md)", file=sys.stderr, flush=True)
     logging.getLogger("aogpt.serve").setLevel(args.log_level.upper())
     Server(config).run(sockets=[sock])
+    st = engine.stats
+    print(f"stopped: {st['finished']} requests served, {st['cancelled']} cancelled, {st['failed']} failed, "
+          f"{st['refused']} refused (queue full)", flush=True)
     if args.json:
         emit_json({"command": "serve", "model": name, "url": f"http://{shown}:{port}/", **engine.stats})
     return 0

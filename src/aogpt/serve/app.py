@@ -119,13 +119,8 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int
             kwargs, first = to_generate(body, config, tokenizer, max_samples)
         except AOGPTError as exc:
             return error_response(400, str(exc))
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-
-        def deliver(kind: str, payload: Any) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, (kind, payload))
-
-        job = Job(kwargs, *job_size(kwargs, config), deliver)
+        events = _Events(request)
+        job = Job(kwargs, *job_size(kwargs, config), events.deliver)
         try:
             engine.submit(job)
         except AOGPTError as exc:
@@ -138,7 +133,7 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int
         choices = choices_for((body.n, kwargs["condition"].length), kwargs["condition"], first, tokenizer,
                               stops(body))
         try:
-            kind, payload = await _next(events, request, job)
+            kind, payload = await events.next()
         except asyncio.CancelledError:
             job.cancel()
             raise
@@ -156,7 +151,7 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int
         try:
             while kind == "step":
                 _advance(choices, payload)
-                kind, payload = await _next(events, request, job)
+                kind, payload = await events.next()
         finally:
             if not job.finished.is_set():
                 job.cancel()
@@ -169,14 +164,30 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int
     return app
 
 
-async def _next(events: asyncio.Queue, request: Request, job: Job) -> tuple[str, Any]:
-    """The job's next event, or ("gone", None) once the client has disconnected."""
-    while True:
-        try:
-            return await asyncio.wait_for(events.get(), DISCONNECT_POLL)
-        except TimeoutError:
-            if await request.is_disconnected():
-                return "gone", None
+class _Events:
+    """A job's events, handed over from its thread, and whether its client is still there (asked at
+    least every `DISCONNECT_POLL` seconds, however often events come)."""
+
+    def __init__(self, request: Request):
+        self.request = request
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.loop = asyncio.get_running_loop()
+        self.checked = time.monotonic()
+
+    def deliver(self, kind: str, payload: Any) -> None:  # called from the job's thread
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, payload))
+
+    async def next(self) -> tuple[str, Any]:
+        """The next event, or ("gone", None) once the client has disconnected."""
+        while True:
+            if time.monotonic() - self.checked >= DISCONNECT_POLL:
+                self.checked = time.monotonic()
+                if await self.request.is_disconnected():
+                    return "gone", None
+            try:
+                return await asyncio.wait_for(self.queue.get(), DISCONNECT_POLL)
+            except TimeoutError:
+                pass
 
 
 def _advance(choices: list[Choice], revealed: Any) -> list[dict[str, Any]]:
@@ -192,7 +203,7 @@ def _sse(data: Any) -> str:
     return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
-async def _stream(request_id: str, model: str, first: tuple[str, Any], events: asyncio.Queue, job: Job,
+async def _stream(request_id: str, model: str, first: tuple[str, Any], events: _Events, job: Job,
                   choices: list[Choice], include_usage: bool):
     """Server-sent events: a chunk per sequence and step, the finishing chunks, then ``[DONE]``. A
     client that disconnects cancels the generator, which cancels the job."""
@@ -221,7 +232,7 @@ async def _stream(request_id: str, model: str, first: tuple[str, Any], events: a
                 yield _sse({"error": {"message": payload[1], "type": "server_error", "param": None,
                                       "code": payload[0]}})
                 return
-            kind, payload = await events.get()
+            kind, payload = await events.queue.get()
     finally:
         if not job.finished.is_set():
             job.cancel()

@@ -160,9 +160,12 @@ class SharedModel:
 
 class Engine:
     """Continuous batching over one model (module docstring). Use as a context manager, or call
-    `start` and `stop`; `submit` jobs, or `run` one and wait for its result."""
+    `start` and `stop`; `submit` jobs, or `run` one and wait for its result. `threads`: torch's
+    intra-op threads for the whole process (None: leave them)."""
 
-    def __init__(self, model: torch.nn.Module, limits: EngineLimits | None = None):
+    def __init__(self, model: torch.nn.Module, limits: EngineLimits | None = None, threads: int | None = None):
+        if threads:
+            torch.set_num_threads(threads)
         self.model = model.eval().requires_grad_(False)
         self.limits = (limits or EngineLimits()).validate()
         self.runner = for_inference(self.model, rows_hint=self.limits.max_sequences)
