@@ -57,6 +57,7 @@ def bind(host: str, port: int) -> socket.socket:
     except OSError as exc:
         raise AOGPTError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
                          "pick another --port (0 picks a free one) or --host") from None
+    sock.listen(2048)  # connections wait in the backlog until the server accepts them
     sock.set_inheritable(True)
     return sock
 
