@@ -208,3 +208,13 @@ def test_served_logits_are_bitwise_those_of_offline_generation(quickstart_sized)
         served = [job.result.logits for job in _submit_all(engine, requests)]
     for i, (a, b) in enumerate(zip(offline, served, strict=True)):
         assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()), f"request {i}"
+
+
+def test_an_encoder_is_served_one_forward_at_a_time_with_the_same_tokens():
+    model = random_float32(variant="encoder-mdm", block_size=24)
+    requests = [{"length": 24, "seed": s, "steps": 6} for s in range(4)] + [{"length": 16, "seed": 9,
+                                                                          "order": "confidence"}]
+    with Engine(model) as engine:
+        jobs = _submit_all(engine, requests)
+    for job, kw in zip(jobs, requests, strict=True):
+        assert torch.equal(job.result.tokens, generate(model, **kw).tokens)

@@ -120,7 +120,7 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int
         except AOGPTError as exc:
             return error_response(400, str(exc))
         events = _Events(request)
-        job = Job(kwargs, *job_size(kwargs, config), events.deliver)
+        job = Job(kwargs, *job_size(kwargs, config), events.deliver, steps=body.stream)
         try:
             engine.submit(job)
         except AOGPTError as exc:
@@ -175,7 +175,8 @@ class _Events:
         self.checked = time.monotonic()
 
     def deliver(self, kind: str, payload: Any) -> None:  # called from the job's thread
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, payload))
+        with contextlib.suppress(RuntimeError):  # the event loop has closed: nobody is listening any more
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, payload))
 
     async def next(self) -> tuple[str, Any]:
         """The next event, or ("gone", None) once the client has disconnected."""

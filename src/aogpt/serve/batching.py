@@ -66,9 +66,14 @@ class StackedCaches:
         for call in self.calls:
             B, S = call.shape
             rows = slice(start, start + B * S)
-            q_c, k_c, v_c = (t[0, :, rows].unflatten(1, (B, S)).transpose(0, 1) for t in (q, k, v))
-            y = call.cache.attend(layer, q_c, k_c, v_c, call.cache_pos, call.attn_mask)
-            out.append(y.transpose(0, 1).flatten(1, 2))
+            if B == 1:  # a packed step, or one sequence: its rows as they are
+                y = call.cache.attend(layer, q[:, :, rows], k[:, :, rows], v[:, :, rows], call.cache_pos,
+                                      call.attn_mask)
+                out.append(y[0])
+            else:
+                q_c, k_c, v_c = (t[0, :, rows].unflatten(1, (B, S)).transpose(0, 1) for t in (q, k, v))
+                y = call.cache.attend(layer, q_c, k_c, v_c, call.cache_pos, call.attn_mask)
+                out.append(y.transpose(0, 1).flatten(1, 2))
             start += B * S
         return torch.cat(out, dim=1)[None]
 
@@ -85,10 +90,13 @@ def run_together(model: torch.nn.Module, calls: list[ForwardCall], conditions: C
         pos.append(call.pos.reshape(-1))
         tgt = call.target if call.target is not None else torch.full_like(call.pos, model.config.block_size)
         target.append(tgt.reshape(-1))
-        rows = torch.arange(B * S, device=call.tokens.device).view(B, S)
-        picked = rows if call.select is None else rows.gather(1, call.select)
-        select.append(picked.reshape(-1) + start)
-        shapes.append((B, picked.shape[1]))
+        if call.select is None:  # every slot's logits
+            select.append(torch.arange(start, start + B * S, device=call.tokens.device))
+            shapes.append((B, S))
+        else:  # call.select (B, Q) indexes each sequence's S slots
+            offsets = torch.arange(start, start + B * S, S, device=call.tokens.device)[:, None] if B > 1 else start
+            select.append((call.select + offsets).reshape(-1))
+            shapes.append((B, call.select.shape[1]))
         start += B * S
     logits = model.forward_slots(torch.cat(tokens)[None], torch.cat(pos)[None], torch.cat(target)[None],
                                  cache=StackedCaches(calls, conditions), cache_pos=0,

@@ -1,24 +1,29 @@
 """The serving engine: continuous batching of exact any-order decoding, usable without HTTP.
 
-Each admitted request (a `Job`) runs the library's own `aogpt.generate` in a thread of its own, on a
-`SharedModel`: a stand-in for the model whose ``forward_slots`` hands the call to the engine and
-waits. The engine's loop runs whatever calls are waiting as one forward
-(`aogpt.serve.batching.run_together`), so requests that arrive while others decode join at the next
-step and finished ones simply stop calling. Sampling, plans, orders, speculative drafts and
-adaptive choices all happen in the request's own `generate`, with its own random streams, exactly
-as offline: only the forward is shared, and it is batch-invariant, so a seeded request gets the
-tokens `aogpt.generate(model, seed=...)` gives, alone or among others (docs/serve.md).
+Each admitted request (a `Job`) runs the library's own `aogpt.generate` in a greenlet of its own
+(a coroutine that can pause inside ordinary function calls), on a `SharedModel`: a stand-in for the
+model whose ``forward_slots`` parks the call and hands control back to the engine. The engine's
+loop, one thread, resumes every running job until each has parked its next forward (or finished),
+then runs all parked calls as one forward (`aogpt.serve.batching.run_together`) and hands each job
+its logits. So requests that arrive while others decode join at the next step, finished ones simply
+stop calling, and no step waits for anyone. Sampling, plans, orders, speculative drafts and adaptive
+choices all happen in the request's own `generate`, with its own random streams, exactly as offline:
+only the forward is shared, and it is batch-invariant, so a seeded request gets the tokens
+`aogpt.generate(model, seed=...)` gives, alone or among others (docs/serve.md). Greenlets rather than
+threads: the jobs' Python work between forwards runs back to back in one thread, with no lock
+hand-offs and no contention for the interpreter.
 
 Admission is first come, first served under three limits (`EngineLimits`): sequences decoded at
-once, tokens in flight (sum of n x length over running requests) and a bounded waiting queue;
+once, tokens in flight (sequences x length over running requests) and a bounded waiting queue;
 `submit` refuses a request that would overflow the queue (`Busy`, with a retry estimate) or that
-comes after `drain` (`Draining`). `Job.cancel` (a client that went away) releases the job at the
-next step: its waiting forward call is answered with `Cancelled`, which unwinds its `generate`.
+comes after `drain` (`Draining`). `Job.cancel` (a client that went away) ends the job at the next
+step: `Cancelled` is raised where its `generate` waits for its forward.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import logging
 import threading
@@ -28,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import greenlet
 import torch
 
 from aogpt.errors import AOGPTError
@@ -63,15 +69,13 @@ class Draining(Exception):
 
 @dataclass(frozen=True)
 class EngineLimits:
-    """How much the engine takes on. max_sequences: sequences decoded at once (a request with n
-    samples counts n); max_tokens_in_flight: sum of n x length over the running requests;
-    max_queue: requests waiting beyond those; gather_seconds: how long a step waits for requests
-    still sampling their previous step before it runs without them."""
+    """How much the engine takes on. max_sequences: sequences decoded at once (a request counts
+    the samples `generate` decodes together, min(n, batch size)); max_tokens_in_flight: those
+    sequences times their length, over the running requests; max_queue: requests waiting beyond."""
 
     max_sequences: int = bounded(32, ge=1, le=4096, integer=True)
     max_tokens_in_flight: int = bounded(16384, ge=1, le=2**24, integer=True)
     max_queue: int = bounded(64, ge=0, le=100_000, integer=True)
-    gather_seconds: float = bounded(0.002, ge=0.0, le=1.0)
 
     def validate(self) -> EngineLimits:
         check_ranges(self, "engine limits")
@@ -91,13 +95,15 @@ def job_size(kwargs: dict[str, Any], config: Any) -> tuple[int, int]:
 @dataclass(eq=False)
 class Job:
     """One request: `generate` keyword arguments (the model is the engine's), its size, and where
-    its events go: ``on_event("step", Revealed)`` after each step, then ``("done",
-    GenerationResult)`` or ``("error", (status, message))``, from the job's thread."""
+    its events go: ``on_event("step", Revealed)`` after each step (if `steps`), then ``("done",
+    GenerationResult)`` or ``("error", (status, message))``, called from the engine's thread (so they
+    must not block)."""
 
     kwargs: dict[str, Any]
     sequences: int
     tokens: int
     on_event: Callable[[str, Any], None] = lambda kind, payload: None
+    steps: bool = True  # report every step ("step" events); off, a job costs a little less per step
     id: int = field(default_factory=itertools.count(1).__next__)
     cancelled: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
@@ -111,17 +117,6 @@ class Job:
         self.cancelled.set()
         if self._engine is not None:
             self._engine._cancel(self)
-
-
-@dataclass(eq=False)
-class _Waiting:
-    """A forward call parked until the engine's loop has run it."""
-
-    job: Job
-    call: ForwardCall
-    done: threading.Event = field(default_factory=threading.Event)
-    logits: torch.Tensor | None = None
-    error: BaseException | None = None
 
 
 class SharedModel:
@@ -175,12 +170,13 @@ class Engine:
         if not self.row_invariant:
             log.warning("this machine's matrix kernels round a row differently with the number of rows: batched "
                         "requests may differ from offline generate() in rare tokens")
-        self._lock = threading.Condition()
+        self._lock = threading.Condition()  # guards the queue, the running set, the flags, and wakes the loop
         self._waiting: collections.deque[Job] = collections.deque()
-        self._running: set[Job] = set()
-        self._calls: list[_Waiting] = []
+        self._running: dict[Job, greenlet.greenlet] = {}
+        self._parked: list[tuple[Job, ForwardCall]] = []  # the loop's own: touched only in its thread
         self._draining = self._stopping = False
         self._loop: threading.Thread | None = None
+        self._hub: greenlet.greenlet | None = None  # the loop's greenlet, where parked jobs switch to
         self._job_seconds = 1.0  # running mean of a job's time, for Retry-After
         self.stats = {"steps": 0, "rows": 0, "requests": 0, "finished": 0, "cancelled": 0, "failed": 0, "refused": 0}
 
@@ -201,7 +197,7 @@ class Engine:
         self.drain()
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            while self._running or self._waiting:
+            while (self._running or self._waiting) and self._loop is not None:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     break
@@ -225,7 +221,7 @@ class Engine:
     # ----------------------------------------------------------------- requests
     def submit(self, job: Job) -> Job:
         """Queue `job` (raises `Busy` or `Draining`, or `AOGPTError` for a job larger than the limits);
-        it starts as soon as the limits allow."""
+        it starts at the next step the limits allow."""
         lim = self.limits
         if job.sequences > lim.max_sequences or job.tokens > lim.max_tokens_in_flight:
             raise AOGPTError(f"this request decodes {job.sequences} sequences and {job.tokens} tokens at once, more "
@@ -235,13 +231,13 @@ class Engine:
             if self._draining:
                 raise Draining()
             must_wait = bool(self._waiting) or not self._fits(job)
-            if must_wait and len(self._waiting) >= self.limits.max_queue:
+            if must_wait and len(self._waiting) >= lim.max_queue:
                 self.stats["refused"] += 1
                 raise Busy(max(1, round(self._job_seconds * (1 + len(self._waiting)) / max(1, len(self._running)))))
             job._engine = self
             self.stats["requests"] += 1
             self._waiting.append(job)
-            self._admit()
+            self._lock.notify_all()
         return job
 
     def run(self, timeout: float | None = None, **kwargs: Any) -> GenerationResult:
@@ -267,16 +263,9 @@ class Engine:
         return (sum(j.sequences for j in self._running) + job.sequences <= self.limits.max_sequences
                 and sum(j.tokens for j in self._running) + job.tokens <= self.limits.max_tokens_in_flight)
 
-    def _admit(self) -> None:
-        """Start waiting jobs, first come first served, while the limits allow (lock held)."""
-        while self._waiting and not self._stopping and self._fits(self._waiting[0]):
-            job = self._waiting.popleft()
-            if job.cancelled.is_set():
-                self._finish(job, error=None)
-                continue
-            self._running.add(job)
-            job.started = time.monotonic()
-            threading.Thread(target=self._run_job, args=(job,), name=f"aogpt-job-{job.id}", daemon=True).start()
+    def _cancel(self, job: Job) -> None:
+        with self._lock:
+            self._lock.notify_all()  # the loop ends it at its next step
 
     def _finish(self, job: Job, error: tuple[int, str] | None) -> None:
         """Record how a job ended and tell its owner (lock held)."""
@@ -293,14 +282,29 @@ class Engine:
         self.stats[kind] += 1
         job.error = None if kind == "finished" else error
         job.finished.set()
-        job.on_event(*(("done", job.result) if kind == "finished" else ("error", job.error)))
+        self._lock.notify_all()
+        try:
+            job.on_event(*(("done", job.result) if kind == "finished" else ("error", job.error)))
+        except Exception:  # whoever listened has gone (a closed event loop): the engine goes on
+            log.warning("request %d ended but nobody took its result:\n%s", job.id, traceback.format_exc())
+
+    # ----------------------------------------------------------------- the loop (one thread)
+    def _forward(self, job: Job, call: ForwardCall) -> torch.Tensor:
+        """Called inside a job's greenlet: park the call and wait (switched out) for the step's logits."""
+        if job.cancelled.is_set():
+            raise Cancelled()
+        self._parked.append((job, call))
+        return self._hub.switch()
 
     def _run_job(self, job: Job) -> None:
+        """A job's greenlet: its whole `generate` call."""
         error: tuple[int, str] | None = None
         try:
-            on_step: Callable[[Revealed], None] = lambda revealed: job.on_event("step", revealed)  # noqa: E731
+            def on_step(revealed: Revealed) -> None:
+                job.on_event("step", revealed)
+
             job.result = generate(SharedModel(self, job), **job.kwargs, prepack=False, compile=False,
-                                  on_step=on_step)
+                                  on_step=on_step if job.steps else None)
         except Cancelled:
             pass
         except AOGPTError as exc:
@@ -309,69 +313,71 @@ class Engine:
             log.error("request %d failed:\n%s", job.id, traceback.format_exc())
             error = (500, "internal error while generating (the server's log has the details)")
         with self._lock:
-            self._running.discard(job)
+            self._running.pop(job, None)
             self._finish(job, error)
-            self._admit()
-            self._lock.notify_all()
 
-    def _cancel(self, job: Job) -> None:
+    def _admit(self) -> list[Job]:
+        """Waiting jobs that start now, first come first served, while the limits allow; cancelled
+        waiting ones are dropped."""
+        started = []
         with self._lock:
-            if job in self._waiting:
+            for job in [j for j in self._waiting if j.cancelled.is_set()]:
                 self._waiting.remove(job)
                 self._finish(job, None)
-            for w in self._calls:
-                if w.job is job:
-                    w.error = Cancelled()
-                    w.done.set()
-            self._calls = [w for w in self._calls if w.job is not job]
-            self._lock.notify_all()
+            while self._waiting and self._fits(self._waiting[0]):
+                job = self._waiting.popleft()
+                job.started = time.monotonic()
+                self._running[job] = greenlet.greenlet(functools.partial(self._run_job, job), self._hub)
+                started.append(job)
+        return started
 
-    # ----------------------------------------------------------------- the loop
-    def _forward(self, job: Job, call: ForwardCall) -> torch.Tensor:
-        """Called from a job's thread: park the call, wait for the step that runs it."""
-        waiting = _Waiting(job, call)
+    def _idle(self) -> bool:
+        """Wait for work; False once the engine is stopping and has nothing left."""
         with self._lock:
-            if job.cancelled.is_set() or self._stopping:
-                raise Cancelled()
-            self._calls.append(waiting)
-            self._lock.notify_all()
-        waiting.done.wait()
-        if waiting.error is not None:
-            raise waiting.error
-        return waiting.logits
+            while not self._waiting and not self._running:
+                if self._stopping:
+                    return False
+                self._lock.wait()
+            return True
 
     def _run_loop(self) -> None:
-        while True:
-            with self._lock:
-                while not self._calls and not self._stopping:
-                    self._lock.wait()
-                if self._stopping and not self._calls:
-                    return
-                deadline = time.monotonic() + self.limits.gather_seconds
-                while len(self._calls) < len(self._running) and not self._stopping:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._lock.wait(left)
-                batch, self._calls = self._calls, []
-            self._step(batch)
+        self._hub = greenlet.getcurrent()
+        with torch.inference_mode():
+            while self._idle():
+                for job in self._admit():  # each runs until it parks its first forward (or ends)
+                    self._running[job].switch()
+                batch, self._parked = self._parked, []
+                if not batch:  # running jobs but nothing parked: cannot happen, but never spin
+                    time.sleep(0.001)
+                    continue
+                results = self._step(batch)
+                for (job, _), result in zip(batch, results, strict=True):
+                    g = self._running.get(job)
+                    if g is None:
+                        continue
+                    if job.cancelled.is_set():
+                        g.throw(Cancelled())
+                    elif isinstance(result, BaseException):
+                        g.throw(result)
+                    else:
+                        g.switch(result)  # runs until its next forward is parked, or it ends
 
-    def _step(self, batch: list[_Waiting]) -> None:
-        """Run one step's calls: those with a KV cache stacked into one forward, the others alone."""
-        stacked = [w for w in batch if w.call.cache is not None and w.call.conditions is None]
-        alone = [w for w in batch if w not in stacked]
+    def _step(self, batch: list[tuple[Job, ForwardCall]]) -> list[Any]:
+        """Run one step's calls: those with a KV cache stacked into one forward, the others alone.
+        Returns each call's logits, or the exception that its job is to see."""
+        live = [i for i, (job, _) in enumerate(batch) if not job.cancelled.is_set()]
+        results: list[Any] = [Cancelled()] * len(batch)
+        stacked = [i for i in live if batch[i][1].cache is not None and batch[i][1].conditions is None]
         try:
-            with torch.inference_mode():
-                if stacked:
-                    for w, logits in zip(stacked, run_together(self.runner, [w.call for w in stacked],
-                                                               self.conditions), strict=True):
-                        w.logits = logits
-                for w in alone:
-                    w.logits = run_alone(self.runner, w.call)
-        except BaseException as exc:  # handed to the jobs' threads, which report it
-            for w in batch:
-                w.error = exc
+            if stacked:
+                for i, logits in zip(stacked, run_together(self.runner, [batch[i][1] for i in stacked],
+                                                           self.conditions), strict=True):
+                    results[i] = logits
+            for i in live:
+                if i not in stacked:
+                    results[i] = run_alone(self.runner, batch[i][1])
+        except Exception as exc:  # handed to the jobs, which report it
+            results = [exc] * len(batch)
         self.stats["steps"] += 1
-        self.stats["rows"] += sum(w.call.tokens.numel() for w in batch)
-        for w in batch:
-            w.done.set()
+        self.stats["rows"] += sum(call.tokens.numel() for _, call in batch)
+        return results

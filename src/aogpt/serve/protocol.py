@@ -170,9 +170,9 @@ class Choice:
         return {"index": self.index, "text": self._delta(final=True), "logprobs": None,
                 "finish_reason": "stop" if self.stopped else "length"}
 
-    def body(self, tokens: np.ndarray) -> dict[str, Any]:
+    def body(self, tokens: np.ndarray, steps: np.ndarray) -> dict[str, Any]:
         """The choice of a non-streamed response, with the tokens, their text and reveal steps."""
-        self.tokens = tokens.copy()
+        self.tokens, self.step = tokens.copy(), steps
         text = self._visible(final=True)
         return {"index": self.index, "text": text, "logprobs": None,
                 "finish_reason": "stop" if self.stopped else "length",
@@ -187,13 +187,31 @@ def choices_for(result_shape: tuple[int, int], condition: Any, first: int, token
     return [Choice(i, length, known, condition.tokens.numpy(), first, tokenizer, stop) for i in range(n_samples)]
 
 
+def reveal_steps(result: GenerationResult) -> np.ndarray:
+    """(N, n): the step that revealed each position (-1: known), counted as the stream counts them,
+    in forwards of the sample's batch: a step in which no sequence of the batch reveals anything runs
+    no forward, so the columns of `step_counts` where the batch revealed something are its forwards."""
+    counts = result.step_counts.numpy()
+    orders = result.orders.numpy()
+    m = int(result.known.sum())
+    out = np.full(result.tokens.shape, -1, dtype=np.int64)
+    size = int(result.settings.get("batch_size") or len(counts))
+    for start in range(0, len(counts), size):
+        rows = counts[start:start + size]
+        forward = np.cumsum(rows.any(axis=0))  # the forward number of each column that ran one
+        for b, row in enumerate(rows, start):
+            out[b, orders[b, m:]] = forward[np.repeat(np.arange(len(row)), row)]
+    return out
+
+
 def completion_body(request_id: str, model: str, result: GenerationResult, choices: list[Choice],
                     created: int | None = None) -> dict[str, Any]:
     tokens = result.tokens.numpy()
+    steps = reveal_steps(result)
     masked = int((~result.known).sum())
     known = int(result.known.sum())
     return {"id": request_id, "object": "text_completion", "created": created or int(time.time()), "model": model,
-            "choices": [c.body(tokens[c.index]) for c in choices],
+            "choices": [c.body(tokens[c.index], steps[c.index]) for c in choices],
             "usage": {"prompt_tokens": known, "completion_tokens": masked * len(choices),
                       "total_tokens": known + masked * len(choices)},
             "aogpt": {"seed": result.settings["seed"], "settings": result.settings,
