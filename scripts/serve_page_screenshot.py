@@ -38,6 +38,7 @@ def main() -> None:
         page.wait_for_selector("body[data-done]", timeout=120_000)
         last = page.evaluate("window.aogptState.last")
         page.fill("#slider", str(round(last * args.replay)))
+        page.wait_for_timeout(500)  # let the colour transitions finish
         page.screenshot(path=args.out, full_page=True)
         context.close()
     print(f"wrote {args.out}")
