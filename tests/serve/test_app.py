@@ -138,6 +138,8 @@ BAD = [  # (body, status, words in the one-line reason)
     ({"prompt": "a", "echo": True}, 400, "echo"),
     ({"prompt": "a", "model": "gpt-4"}, 404, "is not served here"),
     ({"prompt": "a [MASK:0] b"}, 400, "bad blank"),
+    ({"prompt": "x" * 1_000_001}, 400, "at most 1000000 characters"),
+    ({"prompt": "a", "stop": ["."] * 17}, 400, "stop"),
 ]
 
 

@@ -171,26 +171,32 @@ def bench_serve(checkpoint: Path, clients: int, requests: int, max_tokens: int, 
         if progress is not None:
             progress(done, label)
 
-    # the right answers, and the in-process contenders
-    reference, offline_seconds = [], 0.0
-    for body in bodies:
-        kwargs, _ = to_generate(CompletionRequest(**body), cfg, tokenizer, max_samples=1)
-        start = time.perf_counter()
-        reference.append(generate(model, **kwargs).tokens[0].tolist())
-        offline_seconds += time.perf_counter() - start
-    tick("generate() one at a time")
+    def in_process_one() -> list[list[int]]:
+        return [generate(model, **to_generate(CompletionRequest(**body), cfg, tokenizer, max_samples=1)[0]
+                         ).tokens[0].tolist() for body in bodies]
+
     batches = max(1, requests // clients)
-    start = time.perf_counter()
-    for b in range(batches):
-        generate(model, num_samples=clients, length=max_tokens, seed=seed + b, tokenizer=tokenizer)
-    batch_seconds = time.perf_counter() - start
-    tick(f"generate() batches of {clients}")
+
+    def in_process_batch() -> None:
+        for b in range(batches):
+            generate(model, num_samples=clients, length=max_tokens, seed=seed + b, tokenizer=tokenizer)
 
     env = environment(torch.device("cpu"))
+    timings: dict[str, list[float]] = {"generate": [], "batch": []}
     rounds: dict[str, list[dict[str, Any]]] = {"one": [], "many": []}
+    reference: list[list[int]] = []
     server = Server(checkpoint, threads, clients)
     try:
-        for _ in range(repeats):
+        for _ in range(repeats):  # every contender once per round, in the same order
+            start = time.perf_counter()
+            answers = in_process_one()  # the right answers (the first round's), and a contender
+            timings["generate"].append(time.perf_counter() - start)
+            reference = reference or answers
+            tick("generate() one at a time")
+            start = time.perf_counter()
+            in_process_batch()
+            timings["batch"].append(time.perf_counter() - start)
+            tick(f"generate() batches of {clients}")
             for mode, n in (("one", 1), ("many", clients)):
                 cpu0 = server.cpu_seconds()
                 answers, wall = run_clients(server, bodies, n)
@@ -220,12 +226,13 @@ def bench_serve(checkpoint: Path, clients: int, requests: int, max_tokens: int, 
                       "server_cpu_seconds": statistics.median(cpu) if cpu else None,
                       "identical_to_generate": sum(t == reference[i] for i, t in outputs) / len(outputs),
                       "identical_to_one_at_a_time": sum(t == first_one[i] for i, t in outputs) / len(outputs)}
+    offline = statistics.median(timings["generate"])
+    batch = statistics.median(timings["batch"])
     rows["generate"] = {"label": "in-process generate(), one request at a time", "clients": 1,
-                        "requests": requests, "wall_seconds": offline_seconds,
-                        "tokens_per_second": tokens / offline_seconds}
+                        "requests": requests * repeats, "wall_seconds": offline, "tokens_per_second": tokens / offline}
     rows["batch"] = {"label": f"in-process generate(num_samples={clients}), one batch job", "clients": clients,
-                     "requests": batches * clients, "wall_seconds": batch_seconds,
-                     "tokens_per_second": batches * clients * max_tokens / batch_seconds}
+                     "requests": batches * clients * repeats, "wall_seconds": batch,
+                     "tokens_per_second": batches * clients * max_tokens / batch}
     result = {"checkpoint": str(checkpoint), "variant": cfg.variant, "clients": clients, "requests": requests,
               "max_tokens": max_tokens, "repeats": repeats, "server_threads": threads, "environment": env,
               "rows": rows, "speedup": rows["many"]["tokens_per_second"] / rows["one"]["tokens_per_second"],

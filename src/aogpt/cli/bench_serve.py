@@ -47,7 +47,7 @@ def run_serve(args: argparse.Namespace) -> int:
     setup(args)
     pick = {k: getattr(args, k) if getattr(args, k) is not None else (QUICK if args.quick else DEFAULTS)[k]
             for k in DEFAULTS}
-    bar, update = progress_bar(2 + 2 * pick["repeats"] + (args.duration > 0), args, "bench serve")
+    bar, update = progress_bar(4 * pick["repeats"] + (args.duration > 0), args, "bench serve")
     try:
         result = bench_serve(args.checkpoint, pick["clients"], pick["requests"], pick["max_tokens"], pick["repeats"],
                              args.duration, torch.get_num_threads(), args.seed, args.out, update)

@@ -101,7 +101,7 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "draining" if engine._draining else "ok", "model": model_name, **engine.load(),
+        return {"status": "draining" if engine.draining else "ok", "model": model_name, **engine.load(),
                 "batch_invariant": engine.row_invariant, "context": config.block_size,
                 "variant": config.variant, "stats": dict(engine.stats)}
 

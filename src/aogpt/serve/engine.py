@@ -181,6 +181,11 @@ class Engine:
         self.stats = {"steps": 0, "rows": 0, "requests": 0, "finished": 0, "cancelled": 0, "failed": 0, "refused": 0}
 
     # ----------------------------------------------------------------- lifecycle
+    @property
+    def draining(self) -> bool:
+        """Whether the engine has stopped taking requests (`drain`)."""
+        return self._draining
+
     def start(self) -> Engine:
         if self._loop is None:
             self._loop = threading.Thread(target=self._run_loop, name="aogpt-engine", daemon=True)

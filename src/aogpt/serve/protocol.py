@@ -13,7 +13,7 @@ choice says which positions the step revealed, their tokens and their text.
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,6 +24,7 @@ from aogpt.generation.conditioning import BLANK, parse_template, prompt_conditio
 from aogpt.generation.reveal import Revealed
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
+MAX_PROMPT_CHARS = 1_000_000  # far beyond any context; refused before it is tokenized
 
 
 class CompletionRequest(BaseModel):
@@ -31,16 +32,16 @@ class CompletionRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str | None = None
-    prompt: str | list[int] = ""
+    model: str | None = Field(None, max_length=1000)
+    prompt: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)] | Annotated[list[int], Field(max_length=2**20)] = ""
     max_tokens: int | None = Field(None, ge=0, le=1_000_000)
     temperature: float = Field(1.0, ge=0.0, le=100.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=4096)
     seed: int | None = Field(None, ge=0, le=2**62)
     stream: bool = False
-    stop: str | list[str] | None = None
-    user: str | None = None
+    stop: Annotated[str, Field(max_length=1000)] | Annotated[list[str], Field(max_length=16)] | None = None
+    user: str | None = Field(None, max_length=1000)
     # OpenAI fields accepted only with the value that changes nothing
     echo: Literal[False] = False
     logprobs: None = None
