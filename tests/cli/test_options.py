@@ -51,6 +51,7 @@ BASES = {  # an invocation that is valid on its own; the random options are adde
     "import": ["import", str(FIXTURE), "--out", "{t}/imported"],
     "export": ["export", "{run}", "--out", "{t}/x.pt"],
     "serve": ["serve", "--checkpoint", "{run}", "--port", "0"],
+    "bench serve": ["bench", "serve", "--checkpoint", "{run}", "--quick", "--out", "{t}/b", "--no-progress"],
 }
 
 
@@ -80,6 +81,7 @@ STAND_INS = [  # where each command's work begins, after every check
     "aogpt.bench.recipe.thread_speedup",
     "aogpt.hf.harness.AOGPTLM",
     "aogpt.serve.engine.Engine",  # serve
+    "aogpt.bench.serve.bench_serve",
 ]
 
 
