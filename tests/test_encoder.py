@@ -19,7 +19,7 @@ from torch import nn
 from aogpt.checkpoint import load, save_checkpoint
 from aogpt.config import model_config, to_dict, train_config
 from aogpt.errors import AOGPTError
-from aogpt.evaluate import evaluate
+from aogpt.evaluation.evaluate import evaluate
 from aogpt.families import family_of
 from aogpt.families.encoder import (
     any_cut_estimate,
@@ -31,7 +31,7 @@ from aogpt.families.encoder import (
     validation_losses,
     weighted_losses,
 )
-from aogpt.generate import generate, infill
+from aogpt.generation.generate import generate, infill
 from aogpt.model import Transformer
 from aogpt.train import RandomTokens, Trainer
 

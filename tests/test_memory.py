@@ -68,7 +68,7 @@ def test_generation_is_refused_before_anything_is_allocated(meminfo, monkeypatch
 
     cfg = model_config("aogpt", preset="tiny", vocab_size=50000, block_size=64)
     model = Transformer(cfg)
-    monkeypatch.setattr("aogpt.generate.for_inference", lambda *a, **k: pytest.fail("allocated"))
+    monkeypatch.setattr("aogpt.generation.generate.for_inference", lambda *a, **k: pytest.fail("allocated"))
     with pytest.raises(AOGPTError, match=r"generation needs about .* GiB of memory, but 2.0 GiB is available on cpu "
                                          r"\(lower the batch size \(--batch-size\)"):
         aogpt.generate(model, num_samples=4096, batch_size=4096, length=64, steps=1)

@@ -18,6 +18,7 @@ from aogpt.orders import (
     decode_ranks,
     inversions,
     is_left_to_right,
+    make_curriculum,
     make_order_sampler,
     mallows_log_normalizer,
 )
@@ -224,3 +225,59 @@ def test_new_specs_are_listed_and_named():
     assert make_order_sampler("mallows:0.50").spec == "mallows:0.5"
     assert make_order_sampler("window:08").spec == "window:8"
     assert not make_order_sampler("mallows:1").is_fixed and not is_left_to_right("window:4")
+
+
+# ---------------------------------------------------------------- curricula (training order schedules)
+
+
+def curriculum_draws(spec: str, final: str, step: int, batch: int, n: int, seed: int) -> torch.Tensor:
+    return make_curriculum(spec, final).sample(step, batch, n, "cpu", torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("step, theta", [(10, 3.0), (15, 3.0 * (0.3 / 3.0) ** 0.5), (20, 0.3)])
+def test_a_mallows_ramp_draws_the_closed_form_law_of_its_step(step, theta):
+    """l2r@10,mallows:3..0.3@21: steps 10..20 ramp the dispersion geometrically from 3 to 0.3; each
+    step's draws follow Mallows(theta(step)) exactly, and reject the law of another step of the ramp."""
+    n, batch = 4, 40000
+    perms = all_permutations(n)
+    counts = empirical_counts(curriculum_draws("l2r@10,mallows:3..0.3@21", "uniform", step, batch, n, 7), perms)
+    assert stats.chisquare(counts, mallows_law(perms, theta) * batch).pvalue > 1e-3
+    other = 0.3 if step != 20 else 3.0 * (0.3 / 3.0) ** 0.8  # power: a neighbouring step's law is rejected
+    assert stats.chisquare(counts, mallows_law(perms, other) * batch).pvalue < 1e-6
+
+
+def test_curriculum_stages_then_the_runs_order():
+    cur = make_curriculum("l2r@5,window:2@9", "mixture:0.3")
+    assert cur.length == 9 and cur.at(0).left_to_right and cur.at(4).left_to_right
+    assert cur.at(5).spec == "window:2" and cur.at(8).spec == "window:2" and cur.at(9).spec == "mixture:0.3"
+    n, batch = 4, 24000
+    perms = all_permutations(n)
+    counts = empirical_counts(curriculum_draws("l2r@5", "uniform", 5, batch, n, 1), perms)
+    assert stats.chisquare(counts).pvalue > 1e-3  # after the stage: uniform
+    assert torch.equal(curriculum_draws("l2r@5", "uniform", 4, 8, n, 1), torch.arange(n).expand(8, n))
+
+
+def test_left_to_right_stages_keep_the_runs_order_stream():
+    """A left-to-right stage draws (and discards) the run's own orders: the stream after it does not
+    depend on its length, and `l2r_first_steps` is the curriculum l2r@N."""
+    def stream(spec, l2r_first=0):
+        cur, gen = make_curriculum(spec, "uniform", l2r_first), torch.Generator().manual_seed(3)
+        return [cur.sample(s, 2, 6, "cpu", gen) for s in range(6)]
+
+    short, long, legacy = stream("l2r@2"), stream("l2r@4"), stream("", l2r_first=4)
+    assert all(torch.equal(a, b) for a, b in zip(short[4:], long[4:], strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(long, legacy, strict=True))
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("l2r", "no end step"), ("l2r@0", "end step"), ("l2r@5,uniform@5", "above 5"), ("mallows:0..2@9", "above 0"),
+    ("mallows:3..inf@9", "above 0"), ("zigzag@9", "unknown order"), ("l2r@x", "whole number"),
+])
+def test_malformed_curricula_are_refused(spec, words):
+    with pytest.raises(AOGPTError, match=words):
+        make_curriculum(spec, "uniform")
+
+
+def test_a_curriculum_and_l2r_first_steps_together_are_refused():
+    with pytest.raises(AOGPTError, match="both"):
+        make_curriculum("l2r@5", "uniform", l2r_first_steps=5)

@@ -138,7 +138,7 @@ def test_generator_on_imported_checkpoint_reproduces_reference(imported, dtype):
 
 
 def test_context_order_ensemble_on_imported_checkpoint_reproduces_reference(imported):
-    from aogpt.ensemble import ensemble_losses, ensemble_nll
+    from aogpt.evaluation.ensemble import ensemble_losses, ensemble_nll
 
     model = aogpt.load(imported["ao"]).model
     members = torch.from_numpy(EXP["ens_orders"])[None]  # (1, n, M-1, n)

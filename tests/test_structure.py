@@ -1,5 +1,7 @@
 """Package structure: no import cycles (module-level and function-level imports alike), `aogpt.cli`
-used only by itself, and no source file over 500 lines.
+used only by itself, no source file over 500 lines, each concept in one place (evaluation in
+`aogpt.evaluation`, generation in `aogpt.generation`; their old import paths only alias them) and
+README's layout tree naming what is there.
 
 `import_graph` parses every module under src/aogpt with `ast` (nothing is imported) and returns its
 ``aogpt.*`` import edges; `find_cycle` finds a cycle in such a graph.
@@ -12,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -193,7 +196,7 @@ def test_source_files_are_at_most_500_lines() -> None:
 
 
 VARIANT_NAMES = {"gpt", "sigma", "aogpt", "encoder-mdm"}
-ASKS_THE_FAMILY = ("aogpt.train", "aogpt.evaluate", "aogpt.ensemble", "aogpt.generate", "aogpt.generation")
+ASKS_THE_FAMILY = ("aogpt.train", "aogpt.evaluation", "aogpt.generation")
 
 
 def variant_comparisons(path: Path) -> list[str]:
@@ -245,3 +248,117 @@ def test_the_test_command_prints_its_summary_line(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stdout
     assert re.search(r"^1 passed in [\d.]+s", result.stdout.strip().splitlines()[-1]), result.stdout
+
+
+# ------------------------------------------------------------------------------ one concept, one place
+MOVED = {  # old import path -> the one place the concept lives; the old path is only an alias of it
+    "aogpt.evaluate": "aogpt.evaluation.evaluate",
+    "aogpt.ensemble": "aogpt.evaluation.ensemble",
+    "aogpt.genppl": "aogpt.evaluation.genppl",
+    "aogpt.generate": "aogpt.generation.generate",
+}
+# The family's hooks for scoring and for sampling a model: whoever calls them evaluates or generates,
+# so they are called only in that concept's package (and by the families themselves). Training's
+# validation also scores a run's own fixed order.
+HOOK_CALLERS = {
+    "mc_bound": ("aogpt.evaluation",),
+    "conditional_logits": ("aogpt.evaluation",),
+    "order_nll": ("aogpt.evaluation", "aogpt.train.validation"),
+    "sampler": ("aogpt.generation",),
+    "adaptive_sampler": ("aogpt.generation",),
+    "speculative_sampler": ("aogpt.generation",),
+}
+
+
+def alias_target(path: Path) -> str | None:
+    """The module that compatibility module `path` stands for, or None when `path` is anything else.
+
+    A compatibility module holds a docstring that names its target, ``import importlib`` / ``import
+    sys`` and ``sys.modules[__name__] = importlib.import_module("<target>")``: nothing else."""
+    body = ast.parse(path.read_text(encoding="utf-8")).body
+    if not body or not isinstance(body[0], ast.Expr) or not isinstance(body[0].value, ast.Constant):
+        return None
+    docstring, rest = body[0].value.value, body[1:]
+    imports = [n for n in rest if isinstance(n, ast.Import)]
+    assigns = [n for n in rest if isinstance(n, ast.Assign)]
+    if len(imports) + len(assigns) != len(rest) or len(assigns) != 1:
+        return None
+    if sorted(a.name for n in imports for a in n.names) != ["importlib", "sys"]:
+        return None
+    expected = 'sys.modules[__name__] = importlib.import_module("{}")'
+    call = assigns[0].value
+    if not (isinstance(call, ast.Call) and len(call.args) == 1 and isinstance(call.args[0], ast.Constant)):
+        return None
+    target = call.args[0].value
+    if ast.unparse(assigns[0]) != expected.format(target).replace('"', "'") or f"`{target}`" not in docstring:
+        return None
+    return target
+
+
+def test_alias_checker_accepts_only_pure_aliases(tmp_path: Path) -> None:
+    good = ('"""Moved to `pkg.new.mod`."""\n\nimport importlib\nimport sys\n\n'
+            'sys.modules[__name__] = importlib.import_module("pkg.new.mod")\n')
+    cases = {
+        "good.py": good,
+        "extra.py": good + "def helper():\n    return 1\n",
+        "undocumented.py": good.replace("`pkg.new.mod`", "elsewhere"),
+        "star.py": '"""Moved to `pkg.new.mod`."""\n\nfrom pkg.new.mod import *\n',
+    }
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+    assert {name: alias_target(tmp_path / name) for name in cases} == {
+        "good.py": "pkg.new.mod", "extra.py": None, "undocumented.py": None, "star.py": None}
+
+
+def test_old_import_paths_only_alias_the_one_place() -> None:
+    """`aogpt.evaluate`, `aogpt.ensemble`, `aogpt.genppl` and `aogpt.generate` keep working as the
+    very modules in `aogpt.evaluation` / `aogpt.generation`, and hold no code of their own (they are
+    packages so that the old file paths are gone: git then follows edits made to the old files on
+    other branches into the new ones)."""
+    import importlib
+
+    files = module_files()
+    aliases = {name: alias_target(path) for name, path in files.items() if alias_target(path)}
+    assert aliases == MOVED
+    for old, new in MOVED.items():
+        assert files[old].name == "__init__.py" and sorted(files[old].parent.rglob("*.py")) == [files[old]]
+        assert not (SRC / Path(*old.split("."))).with_suffix(".py").exists()
+        assert importlib.import_module(old) is importlib.import_module(new)
+
+
+def test_the_library_imports_each_concept_from_its_one_place() -> None:
+    wrong = sorted(f"{module} -> {target} (import {MOVED[target]})" for module, targets in import_graph().items()
+                   for target in targets if target in MOVED)
+    assert not wrong, "old import paths used inside aogpt: " + ", ".join(wrong)
+
+
+def hook_calls(path: Path, hooks: Iterable[str]) -> list[tuple[str, int]]:
+    """(hook, line) of every call ``<something>.<hook>(...)`` in `path`."""
+    names = set(hooks)
+    return [(node.func.attr, node.lineno) for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in names]
+
+
+def test_only_evaluation_scores_and_only_generation_samples_through_the_family() -> None:
+    calls = {name: hook_calls(path, HOOK_CALLERS) for name, path in module_files().items()}
+    assert {hook for hook, _ in calls["aogpt.evaluation.evaluate"]} >= {"mc_bound", "order_nll", "conditional_logits"}
+    assert {hook for hook, _ in calls["aogpt.generation.generate"]} >= {"sampler", "adaptive_sampler"}
+    wrong = sorted(f"{name}:{line} calls {hook}" for name, found in calls.items() for hook, line in found
+                   if not in_package(name, "aogpt.families")
+                   and not any(in_package(name, allowed) for allowed in HOOK_CALLERS[hook]))
+    assert not wrong, wrong
+
+
+def readme_layout() -> set[str]:
+    """The top-level modules (``name.py``) and packages (``name/``) README's layout tree names."""
+    text = (SRC.parent / "README.md").read_text(encoding="utf-8")
+    tree = text.split("Layout (`src/aogpt/`", 1)[1].split("```", 2)[1]
+    return {m.group(1) for m in re.finditer(r"(?:^|\s)(\w+(?:\.py|/))(?=\s|$)", tree)}
+
+
+def test_readme_layout_tree_names_every_top_level_module_and_nothing_else() -> None:
+    present = {p.name + ("/" if p.is_dir() else "") for p in (SRC / PACKAGE).iterdir()
+               if (p.suffix == ".py" and not p.name.startswith("__")) or (p / "__init__.py").is_file()}
+    listed = readme_layout()
+    assert listed == present, f"README lists but src lacks {sorted(listed - present)}; src has but README lacks " \
+                              f"{sorted(present - listed)}"

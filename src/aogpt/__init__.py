@@ -10,7 +10,10 @@ The public API, imported on first use (so ``import aogpt`` stays light):
     aogpt.family_of(model)                                     what a model is and can do
     aogpt.make_order_sampler(spec)                             the order vocabulary
 
-`aogpt.generate` and `aogpt.evaluate` are modules that can be called like their main function.
+`aogpt.generate` and `aogpt.evaluate` are modules that can be called like their main function:
+`aogpt.generation.generate` and `aogpt.evaluation.evaluate` (evaluation lives in `aogpt.evaluation`,
+generation in `aogpt.generation`; the old import paths ``aogpt.generate``, ``aogpt.evaluate``,
+``aogpt.ensemble`` and ``aogpt.genppl`` still import those modules).
 """
 
 from __future__ import annotations
@@ -25,16 +28,16 @@ _EXPORTS = {
     "ModelConfig": "aogpt.config",
     "model_config": "aogpt.config",
     "save": "aogpt.checkpoint",
-    "infill": "aogpt.generate",
+    "infill": "aogpt.generation.generate",
     "GenerationSettings": "aogpt.generation.settings",
     "DecodePlan": "aogpt.generation.settings",
     "SamplingConfig": "aogpt.sampling",
-    "conditional_logprobs": "aogpt.evaluate",
+    "conditional_logprobs": "aogpt.evaluation.evaluate",
     "family_of": "aogpt.families",
     "make_order_sampler": "aogpt.orders",
     "AOGPTError": "aogpt.errors",
 }
-_CALLABLE_MODULES = ("generate", "evaluate")
+_CALLABLE_MODULES = {"generate": "aogpt.generation.generate", "evaluate": "aogpt.evaluation.evaluate"}
 
 
 def load(path, weights: str = "ema", device="cpu", dtype=None):
@@ -51,7 +54,7 @@ def load(path, weights: str = "ema", device="cpu", dtype=None):
 
 def __getattr__(name: str) -> Any:
     if name in _CALLABLE_MODULES:
-        return importlib.import_module(f"aogpt.{name}")  # the module, callable as its function
+        return importlib.import_module(_CALLABLE_MODULES[name])  # the module, callable as its function
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'aogpt' has no attribute {name!r}")

@@ -174,14 +174,14 @@ class Loaded:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def generate(self, **kwargs: Any) -> Any:
-        """Sample sequences; see `aogpt.generate.generate` for the arguments."""
-        from aogpt.generate import generate
+        """Sample sequences; see `aogpt.generation.generate.generate` for the arguments."""
+        from aogpt.generation.generate import generate
 
         return generate(self.model, tokenizer=self.tokenizer, **kwargs)
 
     def infill(self, template: Any, **kwargs: Any) -> Any:
-        """Fill the blanks of a template; see `aogpt.generate.infill`."""
-        from aogpt.generate import infill
+        """Fill the blanks of a template; see `aogpt.generation.generate.infill`."""
+        from aogpt.generation.generate import infill
 
         return infill(self.model, template, tokenizer=self.tokenizer, **kwargs)
 

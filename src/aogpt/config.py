@@ -19,7 +19,7 @@ from typing import Any
 
 from aogpt.errors import AOGPTError, check_choice
 from aogpt.families import family
-from aogpt.orders import make_order_sampler
+from aogpt.orders import make_curriculum
 from aogpt.validation import SEED_MAX, bounded, check_ranges
 
 # How the target position (the original position of the token a slot must predict) enters the model
@@ -111,6 +111,11 @@ class TrainConfig:
     # The first N optimizer steps read every sequence left to right, then `order`: a short run otherwise spends
     # its first hundreds of steps at the unigram loss before it learns to use the target position (docs/training.md).
     l2r_first_steps: int = bounded(0, ge=0, le=STEPS_MAX)
+    # Order distributions before `order` (aogpt.orders.Curriculum), e.g. "l2r@100,mallows:4..0.05@600": from
+    # left to right towards the run's order, so the target pathway is learned step by step (docs/training.md).
+    curriculum: str = ""
+    lr_schedule: str = "cosine"  # cosine, or wsd: warm-up, constant, decay over the last decay_share (train.schedule)
+    decay_share: float = bounded(0.2, gt=0, lt=1)  # wsd: the share of the run (or of max_minutes) spent decaying
     eval_interval: int = bounded(100, ge=1, le=STEPS_MAX)
     eval_batches: int = bounded(8, ge=1, le=10**6)
     eval_orders_seed: int = bounded(1234, ge=0, le=SEED_MAX)
@@ -138,10 +143,12 @@ class TrainConfig:
         check_choice("dtype", self.dtype, DTYPES)
         if not DEVICE.fullmatch(self.device):
             raise AOGPTError(f"unknown device {self.device!r}", "use auto, cpu, cuda or cuda:N")
-        make_order_sampler(self.order)  # an unknown or malformed order spec is refused here
+        make_curriculum(self.curriculum, self.order, self.l2r_first_steps)  # unknown or malformed specs are refused
+        check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
         return self
 
 
+LR_SCHEDULES = ("cosine", "wsd")  # aogpt.train.schedule
 DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 DEVICE = re.compile(r"auto|cpu|cuda(:\d{1,3})?|mps")
 

@@ -297,6 +297,100 @@ def make_order_sampler(spec: str) -> OrderSampler:
     raise AOGPTError(f"unknown order spec {spec!r}", f"use one of: {', '.join(ORDER_SPECS)}")
 
 
+class Curriculum:
+    """The order distribution at every training step: stages, each until a step, then the run's order.
+
+    A curriculum spec (``TrainConfig.curriculum``) lists stages ``SPEC@STEP`` separated by commas; a
+    stage reads its orders until optimizer step STEP (exclusive; the first stage starts at step 0),
+    and from the last STEP on, the run's own `order` applies. SPEC is any order spec, or a ramp
+    ``mallows:A..B``: Mallows orders whose dispersion moves geometrically from A at the stage's first
+    step to B at its last (A, B > 0), so the typical displacement from left to right (about 1/theta)
+    grows by the same factor every step. Example, from left to right to uniform orders:
+    ``l2r@100,mallows:4..0.05@600`` with ``order = uniform``.
+
+    Every step draws from its stage's sampler with the run's order generator, except left-to-right
+    stages, which draw the run's own orders and discard them: the order stream after such a stage is
+    the same whatever its length (and runs made with ``l2r_first_steps`` keep their streams).
+    """
+
+    def __init__(self, spec: str, final: OrderSampler):
+        self.spec, self.final = spec, final
+        self.stages: list[tuple[int, int, OrderSampler | tuple[float, float]]] = []  # (start, end, sampler | ramp)
+        start = 0
+        for part in [p.strip() for p in spec.split(",")] if spec.strip() else []:
+            stage, at, until = part.rpartition("@")
+            if not at or not stage:
+                raise AOGPTError(f"curriculum stage {part!r} has no end step",
+                                 f"write SPEC@STEP, e.g. {CURRICULUM_EXAMPLE}")
+            try:
+                end = int(_STAGE_END.parse(until))
+            except ValueError:
+                end = None
+            if end is None or end <= start:
+                raise AOGPTError(f"curriculum stage {part!r}: the end step must be a whole number above {start}",
+                                 f"list stages with increasing end steps, e.g. {CURRICULUM_EXAMPLE}")
+            self.stages.append((start, end, _stage_sampler(stage)))
+            start = end
+
+    @property
+    def length(self) -> int:
+        """The step the run's own order begins at (0 without stages)."""
+        return self.stages[-1][1] if self.stages else 0
+
+    def at(self, step: int) -> OrderSampler:
+        """The sampler of optimizer step `step` (0-based)."""
+        for start, end, stage in self.stages:
+            if start <= step < end:
+                if isinstance(stage, OrderSampler):
+                    return stage
+                first, last = stage
+                frac = (step - start) / max(1, end - start - 1)
+                return Mallows(first * (last / first) ** frac)
+        return self.final
+
+    def sample(self, step: int, batch: int, n: int, device: torch.device | str = "cpu",
+               generator: torch.Generator | None = None) -> torch.Tensor:
+        """The orders of step `step` (left-to-right stages draw and discard the run's own; class doc)."""
+        sampler = self.at(step)
+        if sampler.left_to_right and sampler is not self.final:
+            self.final.sample(batch, n, device, generator)
+            return identity(batch, n, device)
+        return sampler.sample(batch, n, device, generator)
+
+    def __repr__(self) -> str:
+        return f"Curriculum({self.spec!r} then {self.final.spec!r})"
+
+
+CURRICULUM_EXAMPLE = "l2r@100,mallows:4..0.05@600"
+_STAGE_END = Range(ge=1, le=10**9, integer=True)
+
+
+def _stage_sampler(text: str) -> OrderSampler | tuple[float, float]:
+    """A curriculum stage: an order spec, or a Mallows ramp ``mallows:A..B`` (returned as (A, B))."""
+    name, _, rest = text.partition(":")
+    if name == "mallows" and ".." in rest:
+        first, _, last = rest.partition("..")
+        try:
+            ends = (float(_DISPERSION.parse(first)), float(_DISPERSION.parse(last)))
+        except ValueError:
+            ends = (0.0, 0.0)
+        if not all(0 < t < math.inf for t in ends):
+            raise AOGPTError(f"curriculum stage {text!r}: a Mallows ramp needs two dispersions above 0",
+                             "e.g. mallows:4..0.05 (from nearly left to right towards uniform)")
+        return ends
+    return make_order_sampler(text)
+
+
+def make_curriculum(spec: str, order: str | OrderSampler, l2r_first_steps: int = 0) -> Curriculum:
+    """The run's orders over training: `spec` (`Curriculum`), then `order`. `l2r_first_steps` = N is
+    the older way to write the curriculum ``l2r@N``."""
+    final = make_order_sampler(order)
+    if l2r_first_steps and spec.strip():
+        raise AOGPTError("both a curriculum and l2r_first_steps were given", f"write l2r@{l2r_first_steps} as the "
+                         "curriculum's first stage instead")
+    return Curriculum(spec if spec.strip() else (f"l2r@{l2r_first_steps}" if l2r_first_steps else ""), final)
+
+
 def check_permutation(order: torch.Tensor | list[int], n: int, rows: int | None = None,
                       what: str = "order") -> torch.Tensor:
     """`order` as a LongTensor on the CPU, (n,) or (rows, n), every row a permutation of 0..n-1;

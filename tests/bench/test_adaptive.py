@@ -12,7 +12,7 @@ import torch
 from aogpt.bench.adaptive import ORDERS, answer_digits, bench_adaptive, puzzle_template, spread, targets, wilson
 from aogpt.data.synthetic import puzzles, task
 from aogpt.errors import AOGPTError
-from tests.test_generate import tiny_model
+from tests.generation.test_generate import tiny_model
 
 
 def test_wilson_interval_by_its_formula():

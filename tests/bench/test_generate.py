@@ -57,7 +57,7 @@ def test_missing_transformers_is_said_not_hidden(monkeypatch):
 def test_skip_and_noskip_encoders_generate_the_same_samples():
     """The two encoder contenders do the same work apart from skipped forwards (same samples)."""
     from aogpt.bench.common import build_model
-    from aogpt.generate import generate
+    from aogpt.generation.generate import generate
 
     model = build_model("encoder-mdm", TINY, 16, torch.device("cpu"), seed=0)
     a = generate(model, num_samples=3, length=16, steps=16, batch_size=1, seed=3, **METHODS["encoder"].settings)

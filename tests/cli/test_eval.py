@@ -12,7 +12,7 @@ import torch
 
 from aogpt.checkpoint import load
 from aogpt.cli import main
-from aogpt.genppl import CheckpointEvaluator, score_samples
+from aogpt.evaluation.genppl import CheckpointEvaluator, score_samples
 from tests.helpers import random_checkpoint
 
 FIX = Path(__file__).parents[1] / "fixtures" / "zeroshot"

@@ -1,4 +1,4 @@
-"""`aogpt.cli.main`: what a command that stops unexpectedly looks like to the user."""
+"""`aogpt.cli.main`: what a command that stops unexpectedly, or no command at all, looks like to the user."""
 
 from __future__ import annotations
 
@@ -25,3 +25,13 @@ def test_a_reader_that_goes_away_gets_no_traceback():
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_no_command_is_one_error_line_and_help_is_the_usage(cli):
+    """Plain `aogpt` is bad input like any other (one line, exit 2, pointing to --help); `--help`
+    prints the usage with every command and exits 0."""
+    result = cli()
+    assert (result.code, result.out, result.err) == (2, "", "error: no command given (run aogpt --help)\n")
+    result = cli("--help")
+    assert result.code == 0 and result.err == ""
+    assert result.out.startswith("usage: aogpt") and all(name in result.out for name in ("train", "sample", "eval"))

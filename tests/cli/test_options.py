@@ -64,10 +64,10 @@ def _stop(*args, **kwargs):
 
 
 STAND_INS = [  # where each command's work begins, after every check
-    "aogpt.cli.train_setup.Plan.run",  # train
-    "aogpt.generate.for_inference",  # sample, eval --genppl-samples
-    "aogpt.evaluate.evaluate",  # eval
-    "aogpt.genppl.score_samples",
+    "aogpt.train.planning.RunPlan.run",  # train
+    "aogpt.generation.generate.for_inference",  # sample, eval --genppl-samples
+    "aogpt.evaluation.evaluate.evaluate",  # eval
+    "aogpt.evaluation.genppl.score_samples",
     "aogpt.data.prepared.write_splits",  # prepare, bench prepare
     "aogpt.bench.generate.build_model",
     "aogpt.bench.density.build_model",

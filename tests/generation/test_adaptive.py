@@ -16,12 +16,12 @@ import torch
 from scipy import stats
 
 from aogpt.errors import AOGPTError
-from aogpt.evaluate import conditional_logprobs
-from aogpt.generate import generate, infill
+from aogpt.evaluation.evaluate import conditional_logprobs
 from aogpt.generation.adaptive import candidate_scores, choose
+from aogpt.generation.generate import generate, infill
 from aogpt.orders import ADAPTIVE, make_order_sampler
 from aogpt.sampling import SamplingConfig, sample_tokens
-from tests.test_generate import tiny_model
+from tests.generation.test_generate import tiny_model
 
 N = 9
 

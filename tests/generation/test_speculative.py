@@ -14,7 +14,7 @@ from scipy import stats
 
 from aogpt.config import model_config
 from aogpt.errors import AOGPTError
-from aogpt.generate import generate
+from aogpt.generation.generate import generate
 from aogpt.model import Transformer
 from aogpt.sampling import SamplingConfig, probabilities
 
@@ -100,7 +100,7 @@ def test_speculative_samples_follow_the_exact_sequential_law(variant, k, samplin
     if template is None:
         res = generate(model, **kw)
     else:
-        from aogpt.generate import infill
+        from aogpt.generation.generate import infill
 
         res = infill(model, template, **{x: y for x, y in kw.items() if x != "length"})
     law = exact_law(model, n, V, cfg, known)

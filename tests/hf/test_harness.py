@@ -16,7 +16,7 @@ from lm_eval.tasks import TaskManager
 import aogpt
 from aogpt.data.tokenizer import EOT_TEXT
 from aogpt.errors import AOGPTError
-from aogpt.evaluate import conditional_logprobs, evaluate
+from aogpt.evaluation.evaluate import conditional_logprobs, evaluate
 from aogpt.hf.harness import AOGPTLM, split_pair
 from aogpt.hf.scoring import score_continuations
 

@@ -16,7 +16,7 @@ import aogpt
 from aogpt.config import model_config
 from aogpt.data.tokenizer import ByteTokenizer
 from aogpt.errors import AOGPTError
-from aogpt.evaluate import conditional_logprobs, evaluate
+from aogpt.evaluation.evaluate import conditional_logprobs, evaluate
 from aogpt.hf import AOGPTConfig, AOGPTForCausalLM, to_hf, to_hf_tokenizer
 from aogpt.model import Transformer
 from tests.helpers import prefix_conditional, random_model

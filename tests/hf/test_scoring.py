@@ -10,7 +10,7 @@ import torch
 
 from aogpt.config import model_config
 from aogpt.errors import AOGPTError
-from aogpt.evaluate import conditional_logprobs, evaluate
+from aogpt.evaluation.evaluate import conditional_logprobs, evaluate
 from aogpt.hf.scoring import rolling_windows, score_continuations, score_documents
 from aogpt.model import Transformer
 from tests.helpers import random_model

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from aogpt.errors import AOGPTError
+from aogpt.io import directory_lock
 from aogpt.reproduce import pipeline
 from aogpt.reproduce.scale import QUICK
 
@@ -40,10 +42,15 @@ def test_bad_options_are_refused_before_any_work(tmp_path, kwargs, fragment):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_directory_in_use_is_refused(tmp_path):
-    with pipeline.exclusive(tmp_path):
-        with pytest.raises(AOGPTError, match="another"):
-            with pipeline.exclusive(tmp_path):
-                pass
-    with pipeline.exclusive(tmp_path):  # released on exit
-        pass
+def test_a_directory_in_use_is_refused_in_users_words(tmp_path):
+    """reproduce holds the one lock every writing command takes (`aogpt.io.directory_lock`): a second
+    writer is refused before any work, naming who holds DIR and what to do."""
+    out = tmp_path / "out"
+    out.mkdir()
+    with directory_lock(out, "aogpt reproduce", inside=True):
+        with pytest.raises(AOGPTError) as refused:
+            pipeline.reproduce(out, ["f6"], quick=True, show_progress=False)
+    message = str(refused.value)
+    assert message.startswith(f"{out} is in use by process {os.getpid()} (aogpt reproduce on ")
+    assert message.endswith("(wait for it to finish, or choose another --out)")
+    assert sorted(p.name for p in out.iterdir()) == []  # nothing was prepared, planned or trained

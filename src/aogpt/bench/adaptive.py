@@ -141,7 +141,7 @@ def solve(model: torch.nn.Module, task: Any, puzzles: list[Any], order: str, see
           tick: Callable[[], None] | None = None) -> dict[str, Any]:
     """Solve every puzzle once in `order`, one position per step (greedy tokens unless a temperature
     is given). Returns which were solved, the slot evaluations spent and the seconds taken."""
-    from aogpt.generate import infill
+    from aogpt.generation.generate import infill
 
     adaptive = order in ADAPTIVE
     opts: dict[str, Any] = dict(order=order, policy="count", prepack=False, num_samples=1)
@@ -163,9 +163,9 @@ def solve(model: torch.nn.Module, task: Any, puzzles: list[Any], order: str, see
 
 def spread(model: torch.nn.Module, data: Any, sequences: int, orders: int, block: int, seed: int) -> dict[str, Any]:
     """How much log p(x) differs across orders for the same x: the exact NLL of each of `sequences`
-    validation windows under `orders` uniform orders each (`aogpt.evaluate.evaluate` with explicit
+    validation windows under `orders` uniform orders each (`aogpt.evaluation.evaluate.evaluate` with explicit
     orders: one pass per order for a decoder, n passes for the encoder), and under left to right."""
-    from aogpt.evaluate import evaluate
+    from aogpt.evaluation.evaluate import evaluate
 
     batches = data.iter_eval_batches("val", sequences, block, max_batches=1)
     idx = next(iter(batches))

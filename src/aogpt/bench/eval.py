@@ -6,10 +6,10 @@ process run, repeats interleaved, medians of wall and of CPU time:
 - ``train``: one training step on the batch (forward under fresh random orders, backward, AdamW).
   It is written here, not taken from the trainer, so that model, batch and dtype are exactly the
   evaluation's (`aogpt bench train` times the trainer's full step);
-- ``eval-l2r``: `aogpt.evaluate.evaluate` of the same batch left to right (the exact NLL, inference mode);
+- ``eval-l2r``: `aogpt.evaluation.evaluate.evaluate` of the same batch left to right (the exact NLL, inference mode);
 - ``eval-random``: the same under one random order (one draw of the any-order bound);
 - ``ensemble-base``: random-order evaluation of a few of the sequences;
-- ``ensemble``: the same with M context-order members per conditional (`aogpt.ensemble`; member 0
+- ``ensemble``: the same with M context-order members per conditional (`aogpt.evaluation.ensemble`; member 0
   is the base order, each other member needs one causal pass per step over that step's prefix).
 
 Ratios come only from these medians: training time over evaluation time of the same tokens (target:
@@ -88,7 +88,7 @@ def bench_eval(*, n: int = 128, batch: int = 16, size: Size | None = None, membe
                          "use fewer ensemble sequences or a larger --batch")
     if not long_run > 0:
         raise AOGPTError(f"--long-run must be positive, got {long_run}", "e.g. --long-run 20")
-    from aogpt.evaluate import evaluate
+    from aogpt.evaluation.evaluate import evaluate
 
     dev = resolve_device(device)
     size = default_size({}, size)

@@ -17,7 +17,7 @@ evaluations (real and padded):
 - ``hf-gpt2``: Hugging Face `transformers` GPT-2 `generate()` with its KV cache, same size, when
   `transformers` is installed (`aogpt.bench.hf_gpt2`).
 
-Every aogpt contender goes through `aogpt.generate.generate`, the code users call. Random weights
+Every aogpt contender goes through `aogpt.generation.generate.generate`, the code users call. Random weights
 by default: the cost of generation does not depend on what the weights are.
 """
 
@@ -134,7 +134,7 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
         if key not in models:
             models[key] = (hf_gpt2.build(size, n, dev, seed) if variant is None
                            else build_model(variant, size, n, dev, seed, checkpoints.get(variant)))
-    from aogpt.generate import generate
+    from aogpt.generation.generate import generate
 
     last: dict[tuple[str, int], Any] = {}
 

@@ -154,7 +154,7 @@ def run_candidate(candidate: Candidate, data_root: Path, *, steps: int | None = 
                   cpu_budget: float | None = None, eval_bytes: int | None = None, seed: int = 1337,
                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Train `candidate` for `steps` steps (or as many as `cpu_budget` CPU seconds buy) and score it."""
-    from aogpt.evaluate import evaluate
+    from aogpt.evaluation.evaluate import evaluate
 
     if (steps is None) == (cpu_budget is None):
         raise AOGPTError("give the candidates a number of steps or a CPU-seconds budget, not both",

@@ -65,7 +65,7 @@ def bench_speculative(aogpt: Any, *, gpt: Any = None, ns: list[int] = (128, 256)
                       temperature: float = 1.0, top_p: float = 1.0, out: Path | None = None,
                       progress: Callable[[int, str], None] | None = None) -> dict[str, Any]:
     """Time and check speculation on a trained AO-GPT (`aogpt.load` result or model); see the module doc."""
-    from aogpt.generate import generate
+    from aogpt.generation.generate import generate
 
     model = getattr(aogpt, "model", aogpt)
     gpt_model = getattr(gpt, "model", gpt)
@@ -138,7 +138,7 @@ def bench_speculative(aogpt: Any, *, gpt: Any = None, ns: list[int] = (128, 256)
 def _quality(model: Any, gpt: Any, ks: list[int | str], n: int, samples: int, common: dict[str, Any]
              ) -> dict[str, Any]:
     """Mean NLL per token of one-token and speculative samples under one evaluator, and a Welch test."""
-    from aogpt.generate import generate
+    from aogpt.generation.generate import generate
 
     evaluator = gpt if gpt is not None else model
     kw = {**common, "seed": common["seed"] + 1000}  # fresh draws, not the timed ones

@@ -1,8 +1,8 @@
 """The `aogpt` command line: one parser, one subcommand module per command.
 
 Each module in `COMMANDS` defines ``add_parser(subparsers)`` (registering its subparser with
-``set_defaults(func=run)``) and ``run(args) -> int``. User errors (`AOGPTError`) become a one-line
-``error: ...`` on stderr and exit status 2.
+``set_defaults(func=run)``) and ``run(args) -> int``. User errors (`AOGPTError`), and ``aogpt`` with
+no command, become a one-line ``error: ...`` on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -33,10 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
     try:
+        if not getattr(args, "func", None):  # plain `aogpt`: said like any other bad input
+            raise AOGPTError("no command given", f"run {parser.prog} --help")
         return int(args.func(args) or 0)
     except AOGPTError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -155,7 +155,7 @@ def table(results: list[dict], label: str) -> str:
 
 
 def _likelihoods(loaded: Any, args: argparse.Namespace, sets: list[str]) -> list[dict]:
-    from aogpt.evaluate import check_request, evaluate
+    from aogpt.evaluation.evaluate import check_request, evaluate
     from aogpt.memory import check_fits, evaluation_bytes
 
     orders = [o.strip() for o in args.order.split(",") if o.strip()]
@@ -186,7 +186,7 @@ def _likelihoods(loaded: Any, args: argparse.Namespace, sets: list[str]) -> list
 
 
 def _genppl(loaded: Any, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> dict:
-    from aogpt.genppl import generate_texts, make_evaluator, read_samples, score_samples
+    from aogpt.evaluation.genppl import generate_texts, make_evaluator, read_samples, score_samples
 
     if args.evaluator is None:
         raise AOGPTError("generation perplexity needs an evaluator",

@@ -166,7 +166,7 @@ def settings_from_args(args: argparse.Namespace) -> GenerationSettings:
 
 def run(args: argparse.Namespace) -> int:
     from aogpt.checkpoint import load
-    from aogpt.generate import generate, infill
+    from aogpt.generation.generate import generate, infill
 
     settings = settings_from_args(args)
     device = resolve_device(args.device)

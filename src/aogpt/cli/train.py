@@ -1,4 +1,6 @@
-"""`aogpt train`: flags and config files -> configs -> Trainer. All checking of user input is here."""
+"""`aogpt train`: the flags, handed to the library's resolver (`aogpt.train.plan`), which decides and
+checks the run and trains it (`RunPlan.run`). Here: the parser, the plan line, the dry-run report and
+the summary."""
 
 from __future__ import annotations
 
@@ -75,17 +77,32 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from aogpt.cli.train_setup import prepare_run, train_lock
+# the flags that are not config fields, passed to `aogpt.train.plan` under their own names
+RUN_OPTIONS = ("data", "preset", "variant", "config", "resume", "resume_from", "extend_to", "dry_run")
 
-    with train_lock(args):  # one writer per run directory
-        plan = prepare_run(args)
+
+def plan_inputs(args: argparse.Namespace) -> dict[str, Any]:
+    """`aogpt.train.plan`'s keywords from the flags: the run's options, ``--set`` as its overrides, and
+    every flag named after a config field (``--lr``, ``--block-size``, ...) as that field."""
+    from aogpt.train.planning import CONFIG_FIELDS
+
+    inputs = {name: getattr(args, name) for name in RUN_OPTIONS}
+    fields = {name: value for name, value in vars(args).items()
+              if name in CONFIG_FIELDS and name not in inputs and value is not None}
+    return {"out": args.out, **inputs, "overrides": args.set, "show_progress": not args.no_progress, **fields}
+
+
+def run(args: argparse.Namespace) -> int:
+    from aogpt.train.planning import plan, run_lock
+
+    with run_lock(args.out, dry_run=args.dry_run):  # one writer per run directory
+        run_plan = plan(**plan_inputs(args))
         if args.dry_run:
-            return _dry_run(plan, args)
-        if plan.info.is_main and plan.resume_from is None:
-            _print_plan(plan)
-        summary = plan.run()
-    if plan.info.is_main:
+            return _dry_run(run_plan, args)
+        if run_plan.info.is_main and run_plan.resume_from is None:
+            _print_plan(run_plan)
+        summary = run_plan.run()
+    if run_plan.info.is_main:
         _print_summary(summary)
         if args.json:
             emit_json(summary)
@@ -93,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _dry_run(plan: Any, args: argparse.Namespace) -> int:
-    from aogpt.cli.train_setup import dry_run_report
+    from aogpt.train.planning import dry_run_report
 
     report = dry_run_report(plan, args.assume_tflops)
     for key, value in report.items():

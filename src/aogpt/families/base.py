@@ -3,8 +3,8 @@
 A *family* answers, in one place, every question that depends on which kind of model we hold:
 which architecture a variant name stands for, which orders it can read, how it is trained and
 validated, how the likelihood of a sequence under an order is computed, and which sampler generates
-from it. Training (`aogpt.train`), evaluation (`aogpt.evaluate`) and generation
-(`aogpt.generate`) ask the family; none of them compares variant names.
+from it. Training (`aogpt.train`), evaluation (`aogpt.evaluation`) and generation
+(`aogpt.generation`) ask the family; none of them compares variant names.
 
 A family is a frozen object, one per variant name, registered in `aogpt.families` (the registry).
 Adding a family means writing one module with a subclass of `ModelFamily` and adding one line to

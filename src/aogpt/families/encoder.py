@@ -16,7 +16,7 @@ What lives here (docs/encoder.md):
   family object, hands them to `aogpt.evaluate`, so `aogpt eval` scores encoder checkpoints.
 * `validation_losses`: the trainer's periodic validation, two forwards per sequence (unbiased
   estimators of the left-to-right NLL and of the any-order loss).
-* `EncoderSampler`: the reverse-process sampler. `aogpt.generate.generate` drives it for encoder
+* `EncoderSampler`: the reverse-process sampler. `aogpt.generation.generate.generate` drives it for encoder
   models, so prompts, infilling, unmasking policies (Lemma 4.1 Bernoulli or counts, linear/cosine),
   orders, seeds and the sampling knobs are shared with the decoder's generator.
   `AdaptiveEncoderSampler`: the same in an adaptive order (confidence, margin, entropy).
@@ -186,7 +186,7 @@ def validation_losses(model: nn.Module, idx: torch.Tensor, order: torch.Tensor,
 
 # --------------------------------------------------------------------------- sampling
 class EncoderSampler:
-    """The reverse process for one batch, driven by `aogpt.generate.generate` (same interface as the
+    """The reverse process for one batch, driven by `aogpt.generation.generate.generate` (same interface as the
     decoder's `aogpt.generation.decoder.DecoderSampler`): chain orders (known positions first, then
     masked ones in unmasking order) and a (B, T) plan of positions revealed per step come from the
     shared plan code (`aogpt.generation.plan`).

@@ -1,9 +1,12 @@
-"""Generation machinery behind `aogpt.generate` (the public entry point).
+"""Generation: the public entry point and the machinery behind it, in one place.
 
+    generate.py      generate() / infill() (``aogpt.generate(model, ...)``, ``aogpt.infill``): resolve
+                     the request, run each batch's sampler, assemble the result
     settings.py      GenerationSettings = SamplingConfig (token rules) + DecodePlan (steps, policy,
                      schedule, order) + batch size and KV cache
     conditioning.py  prompts and infilling templates -> the known (position, token) pairs
     plan.py          chain orders and per-step counts, drawn before the model runs
     decoder.py       the decoders' KV-cache sampler (parallel query slots, catch-ups, Lemma 4.1)
+    speculative.py   exact self-speculative decoding (several tokens per forward pass)
     adaptive.py      adaptive orders (confidence, margin, entropy): the model picks where to reveal
 """

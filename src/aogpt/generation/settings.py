@@ -4,7 +4,7 @@
 greedy, precision) + how the positions are revealed (`DecodePlan`: steps, policy, schedule, order)
 + how the work is run (batch size, KV cache, pre-packed weights on the CPU, attention kernel,
 torch.compile).
-`aogpt.generate.generate(model, settings=...)` takes it; the familiar keyword arguments
+`aogpt.generation.generate.generate(model, settings=...)` takes it; the familiar keyword arguments
 (``temperature=0.8, steps=32, ...``) are shortcuts that override single fields
 (`GenerationSettings.with_overrides`).
 """

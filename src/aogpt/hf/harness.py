@@ -33,7 +33,7 @@ from lm_eval.api.registry import register_model
 from aogpt.checkpoint import load
 from aogpt.data.tokenizer import EOT_TEXT
 from aogpt.errors import AOGPTError
-from aogpt.evaluate import draw_seed
+from aogpt.evaluation.evaluate import draw_seed
 from aogpt.families import unwrap
 from aogpt.hf.scoring import Score, reading_mode, score_continuations, score_documents
 from aogpt.progress import progress
@@ -128,7 +128,7 @@ class AOGPTLM(LM):
 
     def continue_text(self, context: str, gen_kwargs: dict[str, Any]) -> str:
         """The generated continuation of `context`, cut at the first stop string."""
-        from aogpt.generate import generate
+        from aogpt.generation.generate import generate
 
         unknown = sorted(set(gen_kwargs) - SAMPLING_KEYS)
         if unknown:

@@ -159,14 +159,14 @@ class AOGPTForCausalLM(AOGPTPreTrainedModel, GenerationMixin):
     # ------------------------------------------------------------------ our generator
     def aogpt_generate(self, tokenizer: Any = None, **kwargs: Any) -> Any:
         """Sample with aogpt's KV-cache generator, in any order for sigma and AO-GPT: the arguments of
-        `aogpt.generate.generate` (prompt, length, order, steps, temperature, ...)."""
-        from aogpt.generate import generate
+        `aogpt.generation.generate.generate` (prompt, length, order, steps, temperature, ...)."""
+        from aogpt.generation.generate import generate
 
         return generate(self.model, tokenizer=tokenizer, **kwargs)
 
     def aogpt_infill(self, template: Any, tokenizer: Any = None, **kwargs: Any) -> Any:
-        """Fill the blanks of a template (`aogpt.generate.infill`)."""
-        from aogpt.generate import infill
+        """Fill the blanks of a template (`aogpt.generation.generate.infill`)."""
+        from aogpt.generation.generate import infill
 
         return infill(self.model, template, tokenizer=tokenizer, **kwargs)
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from aogpt.errors import AOGPTError
-from aogpt.evaluate import draw_seed
+from aogpt.evaluation.evaluate import draw_seed
 from aogpt.families import family_of, unwrap
 from aogpt.orders import is_left_to_right, make_order_sampler
 

@@ -44,7 +44,7 @@ def ensemble(plan: Plan, data: Any, seed: int, device: str = "cpu", show_progres
     context-order ensembles of M = 1, 2, 4, 8 members, and the encoder-only MDM (its Monte-Carlo
     bound, averaged over several draws). The decoder's M members share their base orders, so the
     values are paired across M and with the encoder by sequence."""
-    from aogpt.evaluate import evaluate
+    from aogpt.evaluation.evaluate import evaluate
 
     scale = plan.scale
     seqs = held_out(data, scale.ensemble_sequences, scale.block_size)
@@ -75,7 +75,7 @@ def genppl(plan: Plan, data: Any, seed: int, device: str = "cpu", show_progress:
     """Generation perplexity of AO-GPT (the recipe run) and the encoder-only MDM under no / mild /
     appropriate annealing, float64 draws, T = n steps, scored by the left-to-right run of the same
     seed: per sample, its NLL per evaluator token."""
-    from aogpt.genppl import generate_texts, make_evaluator, score_samples
+    from aogpt.evaluation.genppl import generate_texts, make_evaluator, score_samples
 
     scale = plan.scale
     evaluator = make_evaluator(str(plan.run("l2r", seed).dir), device=device)

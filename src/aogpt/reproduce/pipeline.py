@@ -5,19 +5,19 @@ DIR/report.md, DIR/report.json), so a rerun of the same command picks up where t
 DIR/plan.json fixes the scale at the first invocation (with ``--budget-minutes``, the steps measured
 then); a rerun with other scale options is refused rather than mixing two scales in one report.
 Findings and seeds may be added by later invocations: their runs are trained, the rest reused.
+A second `reproduce` into a DIR another one is working in is refused (`aogpt.io.directory_lock`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
-from aogpt.io import ensure_writable_dir, read_json, write_json
+from aogpt.io import directory_lock, ensure_writable_dir, read_json, write_json
 from aogpt.reproduce.analyses import run_analysis
 from aogpt.reproduce.findings import FINDINGS
 from aogpt.reproduce.report import build_report
@@ -25,32 +25,6 @@ from aogpt.reproduce.runner import fit_budget, make_plan, prepare_data, resolve_
 from aogpt.reproduce.scale import DEFAULT, QUICK, Scale
 
 PLAN_FILE = "plan.json"
-
-
-LOCK_FILE = ".lock"
-
-
-@contextlib.contextmanager
-def exclusive(out: Path) -> Iterator[None]:
-    """Hold an advisory lock on DIR while `reproduce` works in it: two commands writing one DIR would
-    train the same runs twice and interleave their checkpoints. The lock (`flock` on DIR/.lock) is
-    released by the operating system when the process ends, however it ends, so a killed command never
-    leaves DIR locked. Where `fcntl` does not exist (Windows) the directory is not locked."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not on POSIX
-        yield
-        return
-    with open(out / LOCK_FILE, "a+", encoding="utf-8") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise AOGPTError(f"another `aogpt reproduce` is working in {out}",
-                             "wait for it to finish, or choose another --out") from None
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def resolve_scale(out: Path, base: Scale, request: dict[str, Any], plan_for_budget: Any, data: Any) -> Scale:
@@ -87,7 +61,8 @@ def reproduce(out: Path | str, findings: Sequence[str] | None = None, *, seeds: 
     start = time.perf_counter()
     request = {"quick": quick, "budget_minutes": budget_minutes, "device": device}
     seed_list = tuple(seed + i for i in range(seeds))
-    with exclusive(out):
+    # one writer per DIR: two would train the same runs twice and interleave their checkpoints
+    with directory_lock(out, "aogpt reproduce", inside=True):
         base = QUICK if quick else DEFAULT
         data = prepare_data(out, base.tokenizer, show_progress)
         vocab = int(data.tokenizer.padded_vocab_size)

@@ -1,7 +1,10 @@
-"""Training: AdamW, warmup + cosine, accumulation, clipping, EMA, validation, checkpoints, DDP/FSDP.
+"""Training: AdamW, cosine or warm-up-stable-decay rates, accumulation, clipping, EMA, validation, checkpoints, DDP.
 
+    planning.py       plan(...): a run's configuration resolved in one pass (preset, config file,
+                      overrides, flags, resume or init, vocabulary, checks) -> a frozen RunPlan that runs
     trainer.py        Trainer: builds one run (model, EMA, optimizer, streams, wrappers), composes the parts
-    step.py           the optimizer step over the global batch; optimizer, LR schedule, accumulation, loss
+    step.py           the optimizer step over the global batch; optimizer, accumulation, loss
+    schedule.py       the learning-rate schedule (cosine, or warm-up-stable-decay fitted to a time budget)
     validation.py     periodic validation: left-to-right and any-order loss, raw and EMA weights
     checkpointing.py  what trainer.pt holds, full-state gathering under FSDP, save and resume
     metrics.py        metrics.jsonl (truncated on resume) and the loss plot
@@ -25,6 +28,8 @@ time), for the raw and the EMA weights.
 from __future__ import annotations
 
 from aogpt.train.ema import EMA
+from aogpt.train.planning import RunPlan, plan, run_lock
+from aogpt.train.schedule import LRSchedule, lr_at
 from aogpt.train.sources import BatchSource, RandomTokens
 from aogpt.train.step import (
     NonFiniteLoss,
@@ -32,7 +37,6 @@ from aogpt.train.step import (
     StepResult,
     accumulation_steps,
     autocast_dtype,
-    lr_at,
     make_optimizer,
     training_loss,
 )
@@ -42,11 +46,13 @@ from aogpt.train.validation import Validation
 
 __all__ = [
     "EMA",
+    "LRSchedule",
     "PEAK_BF16_FLOPS",
     "BatchSource",
     "NonFiniteLoss",
     "OptimizerStep",
     "RandomTokens",
+    "RunPlan",
     "StepResult",
     "Trainer",
     "Validation",
@@ -56,5 +62,7 @@ __all__ = [
     "lr_at",
     "make_optimizer",
     "peak_flops",
+    "plan",
+    "run_lock",
     "training_loss",
 ]

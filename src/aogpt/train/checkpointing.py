@@ -84,6 +84,7 @@ def trainer_state(t: Trainer) -> dict[str, Any]:
         "torch_rng": torch.get_rng_state(),
         "loss_window": t.window.state_dict(),
         "last_eval": dict(t.last_eval),
+        "lr_schedule": t.schedule.state_dict(),
     }
 
 
@@ -166,5 +167,6 @@ def resume(t: Trainer, ckpt: Path) -> None:
     if "loss_window" in state:  # absent in checkpoints written before the window was kept
         t.window.load_state_dict(state["loss_window"])
     t.last_eval = dict(state.get("last_eval", {}))
+    t.schedule.load_state_dict(state.get("lr_schedule", {}))  # absent before schedules took decisions
     t.last_checkpoint = ckpt
     t.metrics.truncate(t.step)

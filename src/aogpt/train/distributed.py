@@ -38,18 +38,31 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def init_distributed(device_kind: str) -> DistInfo:
-    """Join the process group if torchrun started us; otherwise a single-process DistInfo."""
+def process_info(device_kind: str) -> DistInfo:
+    """The process torchrun's variables describe (a single process without them); joins nothing."""
     if not launched_by_torchrun():
         return DistInfo()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     backend = "nccl" if device_kind == "cuda" else "gloo"
-    if device_kind == "cuda":
-        torch.cuda.set_device(local_rank)
-    if not dist.is_initialized():
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=30))
     return DistInfo(rank=rank, world_size=world, local_rank=local_rank, backend=backend)
+
+
+def join(info: DistInfo) -> None:
+    """Join the process group `info` describes (nothing for a single process)."""
+    if not info.backend:
+        return
+    if info.backend == "nccl":
+        torch.cuda.set_device(info.local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(backend=info.backend, timeout=datetime.timedelta(minutes=30))
+
+
+def init_distributed(device_kind: str) -> DistInfo:
+    """Join the process group if torchrun started us; otherwise a single-process DistInfo."""
+    info = process_info(device_kind)
+    join(info)
+    return info
 
 
 def shutdown() -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -53,11 +52,11 @@ def fit(t: Trainer, until: int | None = None) -> dict[str, Any]:
     max_steps), so a run can be trained in pieces: each piece ends with a validation and a
     checkpoint (loss.png is drawn when the run ends), and resuming from it continues exactly where
     it stopped."""
-    stop_at = t.cfg.max_steps if until is None else min(until, t.cfg.max_steps)
-    with stop_on_signals(t), progress(total=stop_at, desc="train", disable=not t.show_progress,
+    with stop_on_signals(t), progress(total=planned_end(t, until), desc="train", disable=not t.show_progress,
                                       initial=t.step, unit="step") as bar:
-        last = train_steps(t, bar, stop_at)
-    stopped_by = t._stop_signal or ("time" if t.step < stop_at else "max_steps" if stop_at == t.cfg.max_steps
+        last = train_steps(t, bar, until)
+    end = planned_end(t, until)
+    stopped_by = t._stop_signal or ("time" if t.step < end else "max_steps" if end == t.schedule.end_step
                                     else "until")
     if stopped_by == "time" and t.show_progress:
         print(f"time limit of {t.cfg.max_minutes:g} minutes reached after {t.step} of {t.cfg.max_steps} steps: "
@@ -70,7 +69,7 @@ def fit(t: Trainer, until: int | None = None) -> dict[str, Any]:
     plot = t.plot() if stopped_by != "until" else None  # a piece of a longer run: plotted when the run ends
     return {
         "step": t.step,
-        "planned_steps": t.cfg.max_steps,
+        "planned_steps": t.schedule.end_step,
         "max_minutes": t.cfg.max_minutes,
         "stopped_by": stopped_by,
         "train_loss": last.loss if last else None,
@@ -86,23 +85,35 @@ def fit(t: Trainer, until: int | None = None) -> dict[str, Any]:
     }
 
 
-def train_steps(t: Trainer, bar: Any, stop_at: int | None = None) -> StepResult | None:
-    """The steps up to `stop_at` (default max_steps), with train records every `log_interval`,
-    validation every `eval_interval` and checkpoints every `ckpt_interval`; the last step's result
-    (None if none ran)."""
+def planned_end(t: Trainer, until: int | None = None) -> int:
+    """The step this call of `fit` trains to: the schedule's end (`LRSchedule.end_step`: max_steps, or
+    where a decay fitted to the time budget ends), or `until` if that comes first."""
+    return t.schedule.end_step if until is None else min(until, t.schedule.end_step)
+
+
+def train_steps(t: Trainer, bar: Any, until: int | None = None) -> StepResult | None:
+    """The steps up to `planned_end`, with train records every `log_interval`, validation every
+    `eval_interval` and checkpoints every `ckpt_interval`; the last step's result (None if none ran).
+    After every step the schedule sees the time spent (`LRSchedule.observe`): under a time budget it
+    may begin its decay, which fixes the step the run ends at."""
     cfg, window, last = t.cfg, t.window, None
     window.restart_clock()
-    stop_at = cfg.max_steps if stop_at is None else stop_at
     first_step, seconds_before = t.step, t.train_seconds  # a resumed run's speed counts from here
-    while t.step < stop_at:
-        t0 = time.perf_counter()
+    while t.step < planned_end(t, until):
+        t0 = t.clock()
         last = t.train_step()
-        t.train_seconds += time.perf_counter() - t0
+        t.train_seconds += t.clock() - t0
         window.add(last.loss, t.tokens_per_step)
         bar.update(1)
+        seconds_per_step = (t.train_seconds - seconds_before) / (t.step - first_step)
+        if t.schedule.observe(t.step, t.train_seconds, seconds_per_step):
+            announce_decay(t, bar, seconds_per_step)
+        elif t.step - first_step == cfg.log_interval and t.schedule.time_budgeted:
+            announce_budget(t, bar, seconds_per_step)
+        stop_at = planned_end(t, until)
         if t.step % cfg.log_interval == 0 or t.step == stop_at:
-            log_window(t, window, last, bar, (t.train_seconds - seconds_before) / (t.step - first_step))
-        if should_stop(t) or t.step == stop_at:
+            log_window(t, window, last, bar, seconds_per_step)
+        if should_stop(t) or t.step >= stop_at:
             break
         if t.step % cfg.eval_interval == 0:
             t.log({"kind": "eval", "step": t.step, **t.evaluate()})
@@ -112,6 +123,23 @@ def train_steps(t: Trainer, bar: Any, stop_at: int | None = None) -> StepResult 
             t.save()
             window.restart_clock()
     return last
+
+
+def announce_budget(t: Trainer, bar: Any, seconds_per_step: float) -> None:
+    """A time-budgeted run knows its speed after its first steps: how many steps the budget holds."""
+    bar.total = t.schedule.expected_steps(seconds_per_step)
+    if t.show_progress:
+        print(f"at {seconds_per_step:.3g} s a step, the {t.cfg.max_minutes:g}-minute budget holds about {bar.total:,} "
+              "steps", file=sys.stderr, flush=True)
+
+
+def announce_decay(t: Trainer, bar: Any, seconds_per_step: float) -> None:
+    """The schedule began its decay: say so (under a time budget, with the step the run now ends at)."""
+    bar.total = t.schedule.end_step
+    if t.show_progress and t.schedule.time_budgeted:
+        print(f"learning rate: {100 * (1 - t.cfg.decay_share):g}% of the {t.cfg.max_minutes:g}-minute budget spent at "
+              f"step {t.step:,} ({seconds_per_step:.3g} s a step); decaying to {t.cfg.min_lr:g} over the next "
+              f"{t.schedule.decay_steps:,} steps, ending at step {t.schedule.end_step:,}", file=sys.stderr, flush=True)
 
 
 def log_window(t: Trainer, window: Any, last: StepResult, bar: Any, seconds_per_step: float) -> None:
@@ -132,11 +160,11 @@ def progress_note(t: Trainer, loss: float, tokens_per_s: float, seconds_per_step
         parts.append(f"val {val:.2f} bits/byte")
     elif "val/l2r/ema" in t.last_eval:
         parts.append(f"val loss {t.last_eval['val/l2r/ema']:.3f}")
-    limit = t.cfg.max_minutes * 60
-    if limit > 0 and seconds_per_step > 0:
+    limit, end = t.cfg.max_minutes * 60, t.schedule.end_step
+    if limit > 0 and seconds_per_step > 0 and not t.schedule.time_budgeted:
         reachable = t.step + int(max(limit - t.train_seconds, 0) / seconds_per_step)
-        if reachable < t.cfg.max_steps:
-            parts.append(f"time limit: about {reachable:,} of {t.cfg.max_steps:,} steps")
+        if reachable < end:
+            parts.append(f"time limit: about {reachable:,} of {end:,} steps")
     return ", ".join(parts)
 
 

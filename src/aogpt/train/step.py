@@ -1,4 +1,4 @@
-"""One optimizer step: AdamW, warmup + cosine, accumulation over the global batch, clipping.
+"""One optimizer step: AdamW at the schedule's rate (`schedule`), accumulation over the global batch, clipping.
 
 Every optimizer step reads one *global* batch (all ranks, all micro-steps), drawn by the trainer;
 this rank takes its rows, micro-batch by micro-batch, so one process with gradient accumulation and
@@ -19,6 +19,7 @@ from aogpt.config import TrainConfig
 from aogpt.errors import AOGPTError
 from aogpt.families import family_of
 from aogpt.train import distributed
+from aogpt.train.schedule import LRSchedule
 from aogpt.validation import field_range
 
 
@@ -55,18 +56,6 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> 
     ]
     fused = device.type == "cuda"
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
-
-
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup to `lr`, then cosine decay to `min_lr` at `cfg.decay_steps` (`max_steps`, or the
-    original horizon of a run extended with --extend-to); `min_lr` from there on."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    end = cfg.decay_steps
-    if step >= end:
-        return cfg.min_lr
-    progress = (step - cfg.warmup_steps) / max(1, end - cfg.warmup_steps)
-    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
 
 
 def accumulation_steps(cfg: TrainConfig, world_size: int, block_size: int) -> int:
@@ -127,11 +116,12 @@ class OptimizerStep:
     device: torch.device
     amp: torch.dtype | None
     accum: int
+    schedule: LRSchedule
 
     def __call__(self, step: int, idx_all: torch.Tensor, order_all: torch.Tensor, order_gen: torch.Generator,
                  last_checkpoint: Path | None = None) -> StepResult:
         self.model.train()
-        lr = lr_at(step, self.cfg)
+        lr = self.schedule.lr(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         total = self._accumulate(idx_all, order_all, order_gen)

@@ -8,6 +8,7 @@ loop (`loop`).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,11 @@ from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
 from aogpt.families import family
 from aogpt.model import Transformer
-from aogpt.orders import identity, make_order_sampler
+from aogpt.orders import make_curriculum
 from aogpt.train import checkpointing, distributed, loop
 from aogpt.train.ema import EMA
 from aogpt.train.metrics import MetricsLog
+from aogpt.train.schedule import LRSchedule
 from aogpt.train.sources import BatchSource
 from aogpt.train.step import OptimizerStep, StepResult, accumulation_steps, autocast_dtype, make_optimizer
 from aogpt.train.throughput import Window, flops_per_token, peak_flops
@@ -56,15 +58,20 @@ class Trainer:
         self.sequences_per_step = cfg.batch_size * self.accum * self.info.world_size
         self.tokens_per_step = self.sequences_per_step * self.block_size
         self.family = family(model_cfg.variant)
-        self.order_sampler = make_order_sampler(cfg.order)
+        self.orders = make_curriculum(cfg.curriculum, cfg.order, cfg.l2r_first_steps)
+        self.order_sampler = self.orders.final
         self.family.check_order(self.order_sampler)
-        if cfg.l2r_first_steps and not self.family.causal:
-            raise AOGPTError(f"variant {model_cfg.variant} draws its own masks, so l2r_first_steps does nothing",
-                             "drop l2r_first_steps")
+        if self.orders.stages and not self.family.causal:
+            raise AOGPTError(f"variant {model_cfg.variant} draws its own masks, so an order curriculum does nothing",
+                             "drop the curriculum (and l2r_first_steps)")
+        for _, _, stage in self.orders.stages:
+            if not isinstance(stage, tuple):
+                self.family.check_order(stage, " in the curriculum")
+        self.schedule = LRSchedule(cfg)
         self.metrics = MetricsLog(self.out, self.info.is_main)
         self._build_model()
         self.optimizer_step = OptimizerStep(self.model, self.step_model, self.optimizer, cfg, self.info,
-                                            self.device, self.amp, self.accum)
+                                            self.device, self.amp, self.accum, self.schedule)
         self.validation = Validation(data, cfg, self.block_size, self.family, self.info, self.device, self.amp)
         self.peak_flops = peak_flops(self.device)
         self.flops_per_token = flops_per_token(model_cfg, self.block_size)
@@ -81,6 +88,7 @@ class Trainer:
         self.data_gen = torch.Generator().manual_seed(cfg.seed)
         self.order_gen = torch.Generator(self.device).manual_seed(cfg.seed + 1)
         self.step, self.tokens_seen, self.train_seconds = 0, 0, 0.0
+        self.clock = time.perf_counter  # what times the steps (the time limit, the schedule's speed); tests fake it
         self.window = Window()  # the steps since the last train record (saved with checkpoints)
         self.last_eval: dict[str, float] = {}
         self.last_checkpoint: Path | None = None
@@ -101,11 +109,9 @@ class Trainer:
     # ------------------------------------------------------------------ one step
     def _global_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole step's sequences and orders (all ranks, all micro-steps) from the shared streams;
-        left to right during the first `l2r_first_steps` steps."""
+        the orders from the curriculum's stage of this step (`aogpt.orders.Curriculum`)."""
         idx = self.data.get_batch("train", self.sequences_per_step, self.block_size, self.data_gen)
-        order = self.order_sampler.sample(self.sequences_per_step, self.block_size, self.device, self.order_gen)
-        if self.step < self.cfg.l2r_first_steps:  # drawn all the same: the order stream stays the run's
-            order = identity(self.sequences_per_step, self.block_size, self.device)
+        order = self.orders.sample(self.step, self.sequences_per_step, self.block_size, self.device, self.order_gen)
         return idx, order
 
     def train_step(self) -> StepResult:

@@ -1,16 +1,21 @@
-"""Turn `aogpt train` arguments into a checked run: configs, data, resume point, process group.
+"""Turn `aogpt train`'s inputs into a checked run, in one pass: configs, data, resume point, process.
+
+`plan(out, data=..., preset=..., ...)` decides in this order: the configs' sources (preset < config
+file < overrides (``--set``) < fields by name (the flags)), then a new run, ``init_from`` or a
+resume, then the data (it sizes the vocabulary), then the checks of a real run; it returns one frozen
+`RunPlan`, and `RunPlan.run()` trains it. `aogpt train` only parses its flags and calls `plan`, so a
+Python caller gets the same plan from the same inputs (docs/training.md).
 
 Every user mistake is caught here, before any step runs, and reported as one `AOGPTError` line.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,30 +34,17 @@ from aogpt.config import (
 )
 from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
+from aogpt.families import family
 from aogpt.io import directory_lock, ensure_writable_dir, remove_stale_temporaries, write_json
 from aogpt.memory import check_fits, parameter_count, training_bytes
 from aogpt.train import distributed
+from aogpt.train.step import accumulation_steps
+from aogpt.train.throughput import flops_per_token
+from aogpt.train.trainer import Trainer
 
-FLAG_FIELDS = {  # flag dest -> (section, field)
-    "max_steps": ("train", "max_steps"),
-    "max_minutes": ("train", "max_minutes"),
-    "seed": ("train", "seed"),
-    "order": ("train", "order"),
-    "batch_size": ("train", "batch_size"),
-    "grad_accum": ("train", "grad_accum"),
-    "global_batch_tokens": ("train", "global_batch_tokens"),
-    "lr": ("train", "lr"),
-    "eval_interval": ("train", "eval_interval"),
-    "ckpt_interval": ("train", "ckpt_interval"),
-    "ema_decay": ("train", "ema_decay"),
-    "device": ("train", "device"),
-    "dtype": ("train", "dtype"),
-    "compile": ("train", "compile"),
-    "fsdp": ("train", "fsdp"),
-    "init_from": ("train", "init_from"),
-    "keep_last": ("train", "keep_last"),
-    "block_size": ("model", "block_size"),
-}
+MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
+TRAIN_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
+CONFIG_FIELDS = MODEL_FIELDS | TRAIN_FIELDS
 
 TRAIN_ONLY_ON_RESUME = {  # logistics: changing them on resume does not change what is computed
     "max_minutes",
@@ -66,28 +58,55 @@ TRAIN_ONLY_ON_RESUME = {  # logistics: changing them on resume does not change w
     "eval_batches",
 }
 DEFAULT_PRESET = "cpu-small"
+DEFAULT_VARIANT = "aogpt"
 LOWER_TRAINING = "--batch-size (with --grad-accum to keep the batch), --block-size or the model size (--set model.KEY)"
 
 
-@dataclass
-class Plan:
+@dataclass(frozen=True)
+class RunPlan:
+    """One training run, decided and checked: its configs, its directory, its data, what it resumes.
+
+    Made by `plan`; `run` trains it. `info` is the process this is under torchrun (one process
+    without it, and for a dry run); `data` the prepared data (None for a dry run without data)."""
+
     model_cfg: ModelConfig
     train_cfg: TrainConfig
     info: distributed.DistInfo
     out: Path
-    data: Any = None
-    tokenizer: Any = None
+    data: Any = field(default=None, compare=False, repr=False)
     resume_from: Path | None = None
-    run_meta: dict[str, Any] = field(default_factory=dict)
+    preset: str | None = None
+    data_dir: Path | None = None  # absolute
     show_progress: bool = True
+    dry_run: bool = False
+
+    @property
+    def tokenizer(self) -> Any:
+        return None if self.data is None else self.data.tokenizer
+
+    @property
+    def run_meta(self) -> dict[str, Any]:
+        """What run.json and every checkpoint record beside the configs."""
+        if self.data is None:
+            return {}
+        return {"tokenizer": self.data.meta.get("tokenizer"), "data": str(self.data_dir), "preset": self.preset}
 
     def run(self) -> dict[str, Any]:
-        """Train (the caller holds the run directory's lock, `train_lock`). Leftovers of a killed run's
-        writes are removed first: unfinished checkpoint folders, temporary metrics and run files."""
-        from aogpt.train import Trainer
+        """Train: join the process group, build the `Trainer`, resume if asked, write run.json, fit;
+        returns the run's summary. Leftovers of a killed run's writes are removed first (unfinished
+        checkpoint folders, temporary metrics and run files). Holds the run directory's lock
+        (`run_lock`) unless this process already does."""
+        if self.dry_run:
+            raise AOGPTError("a dry-run plan was not checked for training (device, memory, data)",
+                             "make the plan again without dry_run")
+        with contextlib.nullcontext() if self.out.absolute() in _HELD else run_lock(self.out):
+            return self._train()
 
+    def _train(self) -> dict[str, Any]:
         try:
+            distributed.join(self.info)
             if self.info.is_main:
+                _check_fresh(self.out, self.resume_from)
                 removed = remove_stale_temporaries(self.out, CKPT_PREFIX)
                 for name in ("metrics.jsonl", "run.json"):
                     remove_stale_temporaries(self.out, name)
@@ -116,34 +135,53 @@ class Plan:
             distributed.shutdown()
 
 
+_HELD: set[Path] = set()  # run directories whose lock this process holds (`run_lock`)
+
+
 @contextlib.contextmanager
-def train_lock(args: argparse.Namespace) -> Iterator[None]:
+def run_lock(out: Path | str, *, dry_run: bool = False) -> Iterator[None]:
     """The run directory's lock (`aogpt.io.directory_lock`), held by the main process from before
-    anything in --out is read until the run ends; none for --dry-run, which writes nothing. A run
-    directory made here and still empty when the command fails (a refused flag) is removed again."""
-    if args.dry_run or int(os.environ.get("RANK", "0")) != 0:
+    anything in `out` is read until the run ends; none for a dry run, which writes nothing. A run
+    directory made here and still empty when the block fails (a refused option) is removed again."""
+    if dry_run or int(os.environ.get("RANK", "0")) != 0:
         yield
         return
-    existed = Path(args.out).exists()
-    ensure_writable_dir(args.out)
+    out = Path(out)
+    existed = out.exists()
+    ensure_writable_dir(out)
     try:
-        with directory_lock(args.out, "aogpt train", inside=True):
-            yield
+        with directory_lock(out, "aogpt train", inside=True):
+            _HELD.add(out.absolute())
+            try:
+                yield
+            finally:
+                _HELD.discard(out.absolute())
     except BaseException:
         if not existed:
             with contextlib.suppress(OSError):
-                Path(args.out).rmdir()  # only if empty
+                out.rmdir()  # only if empty
         raise
 
 
-def _split_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """(file sections, model overrides, train overrides) from --config, --set and the flags."""
-    file_data = load_config_file(args.config) if args.config else {}
+def section_of(name: str) -> str:
+    """The config a field named without a section belongs to: the model's if only it has the
+    field, else training's (where an unknown name is then refused)."""
+    return "model" if name in MODEL_FIELDS and name not in TRAIN_FIELDS else "train"
+
+
+def _plain(value: Any) -> Any:
+    """A path given from Python as the string a config field holds (``init_from=Path(...)``)."""
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+def _split_overrides(config: Path | str | None, overrides: Iterable[str],
+                     fields: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(file sections, model overrides, train overrides) from the config file, the overrides (--set)
+    and the fields given by name (the flags), a later one winning."""
+    file_data = load_config_file(Path(config)) if config else {}
     model_over = dict(file_data.get("model", {}))
     train_over = dict(file_data.get("train", {}))
-    model_fields = set(ModelConfig.__dataclass_fields__)
-    train_fields = set(TrainConfig.__dataclass_fields__)
-    for item in args.set:
+    for item in [overrides] if isinstance(overrides, str) else overrides:
         key, sep, value = item.partition("=")
         if not sep:
             raise AOGPTError(f"--set {item!r} is not KEY=VALUE", "write e.g. --set model.n_layer=6")
@@ -151,30 +189,36 @@ def _split_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
         if section not in ("", "model", "train"):
             raise AOGPTError(f"--set {key}: unknown section {section!r}", "use model.KEY or train.KEY")
         if not section:
-            section = "model" if name in model_fields and name not in train_fields else "train"
+            section = section_of(name)
         (model_over if section == "model" else train_over)[name] = parse_cli_value(value)
-    for dest, (section, name) in FLAG_FIELDS.items():
-        value = getattr(args, dest, None)
+    for name, value in fields.items():
+        section = section_of(name)
         if value is not None:
-            (model_over if section == "model" else train_over)[name] = value
+            (model_over if section == "model" else train_over)[name] = _plain(value)
     for key in ("preset", "variant"):
         if key in file_data and not isinstance(file_data[key], str):
-            raise AOGPTError(f"config file {args.config}: {key} must be a string", "fix the file")
+            raise AOGPTError(f"config file {config}: {key} must be a string", "fix the file")
     return file_data, model_over, train_over
 
 
-def _resume_configs(args: argparse.Namespace, ckpt: Path, preset: str | None, model_over: dict[str, Any],
-                    train_over: dict[str, Any]) -> tuple[ModelConfig, TrainConfig, dict[str, Any]]:
+def _differs(cfg: ModelConfig, asked: dict[str, Any]) -> set[str]:
+    """The fields asked for that `cfg` does not have as asked."""
+    return {k for k, v in asked.items() if getattr(cfg, k, None) != v}
+
+
+def _resume_configs(ckpt: Path, preset: str | None, variant: str | None, model_over: dict[str, Any],
+                    train_over: dict[str, Any],
+                    extend_to: int | None) -> tuple[ModelConfig, TrainConfig, dict[str, Any]]:
     """The saved configs of `ckpt` with the changes a resume allows; anything else is refused."""
     saved = read_config(ckpt)
     if not isinstance(saved.get("train"), dict) or not (ckpt / "trainer.pt").is_file():
         raise AOGPTError(f"{ckpt} holds no training state (it was imported, or saved for inference only)",
                          f"start a new run from its weights: --init-from {ckpt}")
     model_cfg = model_config_from_dict(saved["model"])
-    changed = {k for k, v in model_over.items() if getattr(model_cfg, k, None) != v and k != "block_size"}
-    if changed or (args.variant and args.variant != model_cfg.variant):
+    changed = _differs(model_cfg, {**model_over, **({"variant": variant} if variant else {})}) - {"block_size"}
+    if changed:
         raise AOGPTError(
-            f"cannot change the model when resuming ({', '.join(sorted(changed)) or 'variant'})",
+            f"cannot change the model when resuming ({', '.join(sorted(changed))})",
             "drop those overrides, or start a new run with --init-from",
         )
     if preset is not None and preset != saved.get("preset", preset):
@@ -194,56 +238,77 @@ def _resume_configs(args: argparse.Namespace, ckpt: Path, preset: str | None, mo
         apply_overrides(TrainConfig(), saved["train"], "checkpoint train config"), train_over, "train config"
     )
     step = int(saved.get("step", 0))
-    if args.extend_to is not None:
-        if args.extend_to <= step:
-            raise AOGPTError(f"--extend-to {args.extend_to} is not past the checkpoint's step {step}",
+    if extend_to is not None:
+        if extend_to <= step:
+            raise AOGPTError(f"--extend-to {extend_to} is not past the checkpoint's step {step}",
                              f"pass a step above {step}")
-        train_cfg = dataclasses.replace(train_cfg, schedule_steps=train_cfg.decay_steps, max_steps=args.extend_to)
+        train_cfg = dataclasses.replace(train_cfg, schedule_steps=train_cfg.decay_steps, max_steps=extend_to)
     elif step >= train_cfg.max_steps:
         raise AOGPTError(f"{ckpt} is the end of its run (step {step} of {train_cfg.max_steps})",
                          "pass --extend-to N to train on past it")
     return model_cfg, train_cfg.validate(), saved
 
 
-def prepare_run(args: argparse.Namespace) -> Plan:
-    file_data, model_over, train_over = _split_overrides(args)
-    given_preset = args.preset or file_data.get("preset")
-    resuming = bool(args.resume or args.resume_from)
-    if args.extend_to is not None and not resuming:
+def plan(out: Path | str, *, data: Path | str | None = None, preset: str | None = None, variant: str | None = None,
+         config: Path | str | None = None, overrides: Iterable[str] = (), resume: bool = False,
+         resume_from: Path | str | None = None, extend_to: int | None = None, dry_run: bool = False,
+         show_progress: bool = True, **fields: Any) -> RunPlan:
+    """Resolve and check one training run (see the module's docstring); `RunPlan.run()` trains it.
+
+    out: the run directory. data: a prepared data directory (`aogpt prepare`; a resumed run reuses
+    its own). The configs, a later source winning: preset (default cpu-small), config (a JSON/TOML
+    file with ``[model]``, ``[train]``, ``preset``, ``variant``), overrides (``--set`` items,
+    ``"model.n_layer=6"``; a key without a section is the model's if only the model has it) and
+    `fields`: any `ModelConfig` / `TrainConfig` field by name (``lr=3e-3, block_size=64``; None: not
+    given), as the flags are. variant (default aogpt) picks the family's defaults. resume continues
+    the newest checkpoint in `out`, resume_from a given one; extend_to (with a resume) trains on to
+    that step. dry_run: decide the configs only (no data needed, nothing checked for training).
+    Reads `out` without writing it: hold `run_lock(out)` around `plan` and `run` to keep a second
+    writer out from the start (`aogpt train` does; `run` takes the lock itself otherwise).
+    """
+    out = Path(out)
+    file_data, model_over, train_over = _split_overrides(config, overrides, fields)
+    given_preset = preset or file_data.get("preset")
+    resuming = bool(resume or resume_from)
+    if extend_to is not None and not resuming:
         raise AOGPTError("--extend-to continues a run", "add --resume (or --resume-from CKPT), or use --max-steps")
-    resume_from = None
+    asked_from, resume_from = resume_from, None
     if resuming:
-        resume_from = find_checkpoint(args.resume_from or args.out)
-        model_cfg, train_cfg, saved = _resume_configs(args, resume_from, given_preset, model_over, train_over)
+        resume_from = find_checkpoint(Path(asked_from or out))
+        model_cfg, train_cfg, saved = _resume_configs(resume_from, given_preset, variant, model_over, train_over,
+                                                      extend_to)
         preset = saved.get("preset", given_preset)
-        data_dir = args.data or (Path(saved["data"]) if saved.get("data") else None)
+        data_dir = data or (Path(saved["data"]) if saved.get("data") else None)
     else:
         preset = given_preset or DEFAULT_PRESET
-        variant = args.variant or file_data.get("variant", "aogpt")
+        overridden = model_over.pop("variant", None)  # --set model.variant, or [model] variant in the file
+        variant = variant or overridden or file_data.get("variant", DEFAULT_VARIANT)
         model_cfg = model_config(variant, preset=preset, **{k: v for k, v in model_over.items() if k != "vocab_size"})
         train_cfg = train_config(preset, variant, **train_over)
-        data_dir = args.data
+        data_dir = data
         if train_cfg.init_from:
             source = model_config_from_dict(read_config(find_checkpoint(Path(train_cfg.init_from)))["model"])
             wanted = model_over.get("block_size", source.block_size)
-            if source.variant != variant or wanted != source.block_size:
+            if _differs(source, {"variant": variant, "block_size": wanted}):
                 raise AOGPTError(
                     f"--init-from model (variant {source.variant}, block size {source.block_size}) does "
                     f"not fit variant {variant} with block size {wanted}",
                     "match --variant and keep the model's block size",
                 )
             model_cfg = source
+    family(model_cfg.variant).check_order(train_cfg.order)  # an order the variant can read
 
-    data, tokenizer = None, None
+    data = None
     if data_dir is None:
-        if not args.dry_run:
+        if not dry_run:
             raise AOGPTError("no training data given", "pass --data DIR (make one with `aogpt prepare`)")
+        if "vocab_size" in model_over and resume_from is None:  # no tokenizer to size it: as asked
+            model_cfg = apply_overrides(model_cfg, {"vocab_size": model_over["vocab_size"]}, "model config").validate()
     else:
         from aogpt.data import PreparedData
 
         expected = read_config(resume_from).get("tokenizer") if resume_from else None
         data = PreparedData(Path(data_dir), expect_tokenizer=expected)
-        tokenizer = data.tokenizer
         model_cfg = _fit_vocab(model_cfg, data, model_over, resume_from is not None)
         for split in ("train", "val"):
             if data.num_tokens(split) < model_cfg.block_size:
@@ -252,9 +317,11 @@ def prepare_run(args: argparse.Namespace) -> Plan:
                     f"than one block of {model_cfg.block_size}",
                     "use a smaller --block-size or more data",
                 )
+        data_dir = Path(data_dir).resolve()
 
-    if args.dry_run:
-        return Plan(model_cfg, train_cfg, distributed.DistInfo(), args.out, data, tokenizer)
+    if dry_run:
+        return RunPlan(model_cfg, train_cfg, distributed.DistInfo(), out, data, resume_from, preset, data_dir,
+                       show_progress, dry_run=True)
     if train_cfg.fsdp and not distributed.launched_by_torchrun():
         raise AOGPTError("--fsdp shards the model over several processes", "launch with torchrun, or drop --fsdp")
     device = resolve_device(train_cfg.device, int(os.environ.get("LOCAL_RANK", 0)))
@@ -263,17 +330,15 @@ def prepare_run(args: argparse.Namespace) -> Plan:
     check_fits(training_bytes(model_cfg, train_cfg.batch_size, world, train_cfg.fsdp), device,
                "training", LOWER_TRAINING, processes=sharers)
     data.check_token_ids(model_cfg.vocab_size)  # once, before the first step (not on every batch)
-    if resume_from is None and list_checkpoints(args.out):
-        raise AOGPTError(f"{args.out} already holds checkpoints", "pass --resume to continue it, or choose a new --out")
-    info = distributed.init_distributed(device.type)
-    meta = {
-        "tokenizer": data.meta.get("tokenizer"),
-        "data": str(Path(data_dir).resolve()),
-        "preset": preset,
-    }
-    return Plan(
-        model_cfg, train_cfg, info, args.out, data, tokenizer, resume_from, meta, show_progress=not args.no_progress
-    )
+    _check_fresh(out, resume_from)
+    info = distributed.process_info(device.type)
+    return RunPlan(model_cfg, train_cfg, info, out, data, resume_from, preset, data_dir, show_progress)
+
+
+def _check_fresh(out: Path, resume_from: Path | None) -> None:
+    """A new run never writes over another run's checkpoints."""
+    if resume_from is None and list_checkpoints(out):
+        raise AOGPTError(f"{out} already holds checkpoints", "pass --resume to continue it, or choose a new --out")
 
 
 def _fit_vocab(cfg: ModelConfig, data: Any, model_over: dict[str, Any], resuming: bool) -> ModelConfig:
@@ -292,10 +357,8 @@ def _fit_vocab(cfg: ModelConfig, data: Any, model_over: dict[str, Any], resuming
     return apply_overrides(cfg, {"vocab_size": int(data.tokenizer.padded_vocab_size)}, "model config")
 
 
-def dry_run_report(plan: Plan, assume_tflops: float) -> dict[str, Any]:
+def dry_run_report(plan: RunPlan, assume_tflops: float) -> dict[str, Any]:
     """Sizes, batch arithmetic, a memory estimate per device and the time per step at a throughput."""
-    from aogpt.train import accumulation_steps, flops_per_token
-
     cfg, tc = plan.model_cfg, plan.train_cfg
     n_params = parameter_count(cfg)
     world = plan.info.world_size

@@ -17,7 +17,7 @@ from scipy import stats
 
 from aogpt.config import model_config
 from aogpt.errors import AOGPTError
-from aogpt.generate import generate, infill, make_generators
+from aogpt.generation.generate import generate, infill, make_generators
 from aogpt.model import Transformer
 from aogpt.sampling import SamplingConfig, sample_tokens
 from aogpt.schedules import count_schedule

@@ -214,7 +214,7 @@ def score_samples(evaluator: Evaluator, texts: Sequence[str], batch_size: int = 
 
 
 def generate_texts(loaded: Any, num_samples: int, seed: int, **kwargs: Any) -> list[str]:
-    """Samples from a loaded checkpoint, decoded to text (via `aogpt.generate.generate`)."""
+    """Samples from a loaded checkpoint, decoded to text (via `aogpt.generation.generate.generate`)."""
     if loaded.tokenizer is None:
         raise AOGPTError("the checkpoint has no tokenizer to decode samples with", "use a checkpoint trained by aogpt")
     result = loaded.generate(num_samples=num_samples, seed=seed, return_text=True, **kwargs)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from aogpt.ensemble import ensemble_losses, ensemble_nll, ensemble_sequence_nll
+from aogpt.evaluation.ensemble import ensemble_losses, ensemble_nll, ensemble_sequence_nll
 from tests.helpers import prefix_conditional, random_model, reference_aogpt, reference_expected
 
 

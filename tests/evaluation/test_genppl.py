@@ -14,7 +14,7 @@ from aogpt.checkpoint import Loaded, save_checkpoint
 from aogpt.config import model_config, to_dict
 from aogpt.data.tokenizer import ByteTokenizer
 from aogpt.errors import AOGPTError
-from aogpt.genppl import (
+from aogpt.evaluation.genppl import (
     CheckpointEvaluator,
     generate_texts,
     make_evaluator,
@@ -133,7 +133,7 @@ def test_hf_evaluator_on_a_local_gpt2_equals_the_by_hand_sum(tmp_path: Path) -> 
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from aogpt.data.tokenizer import GPT2Tokenizer
-    from aogpt.genppl import HFEvaluator
+    from aogpt.evaluation.genppl import HFEvaluator
     from aogpt.hf import to_hf_tokenizer
 
     torch.manual_seed(0)

@@ -8,7 +8,7 @@ and context-order ensembling (paper Eq. 4).
   dataset-level mean NLL/token is m_k. We report mean(m_k), the standard error sd(m_k)/sqrt(K)
   (Monte-Carlo error of the bound *on this data*, not sampling error of the data) and a 95% Student-t
   interval. Fixed seeds make it reproducible.
-* Context-order ensembling (paper Eq. 4) and its subset-of-positions estimator: `aogpt.ensemble`.
+* Context-order ensembling (paper Eq. 4) and its subset-of-positions estimator: `aogpt.evaluation.ensemble`.
 * Bits per byte (`aogpt.measures`): given the bytes behind each token id (``byte_lengths``, from
   `aogpt.data.Tokenizer.byte_lengths`), the result also holds the UTF-8 bytes of the scored tokens
   and the NLL in bits per byte, which compares across tokenizers.
@@ -39,8 +39,8 @@ import scipy.stats
 import torch
 from torch import nn
 
-from aogpt.ensemble import draw_steps, ensemble_losses, ensemble_sequence_nll
 from aogpt.errors import AOGPTError
+from aogpt.evaluation.ensemble import draw_steps, ensemble_losses, ensemble_sequence_nll
 from aogpt.families import ModelFamily, family_of, unwrap
 from aogpt.measures import bits_per_byte
 from aogpt.orders import OrderSampler, check_permutation, is_left_to_right, make_order_sampler
@@ -204,7 +204,7 @@ def evaluate(model: nn.Module, data: torch.Tensor | Iterable[torch.Tensor], *, o
 
     order: see `resolve_order`; fixed and explicit orders are deterministic, so K collapses to 1.
     ensemble: M members per conditional (1 = none); ensemble_positions: ensemble only that many
-    random steps per sequence (unbiased estimator, `aogpt.ensemble`). progress: an object with
+    random steps per sequence (unbiased estimator, `aogpt.evaluation.ensemble`). progress: an object with
     ``update(n)`` (e.g. a tqdm bar), advanced by one per batch. per_sequence: keep every sequence's
     NLL and the orders drawn in the result. byte_lengths: the UTF-8 bytes behind each token id
     (`aogpt.data.Tokenizer.byte_lengths`); the result then also gives bits per byte.

@@ -14,9 +14,9 @@ from scipy import stats
 from torch import nn
 
 from aogpt.config import model_config
-from aogpt.ensemble import ensemble_losses, ensemble_sequence_nll
 from aogpt.errors import AOGPTError
-from aogpt.evaluate import conditional_logprobs, draw_seed, evaluate, summarize
+from aogpt.evaluation.ensemble import ensemble_losses, ensemble_sequence_nll
+from aogpt.evaluation.evaluate import conditional_logprobs, draw_seed, evaluate, summarize
 from aogpt.families import FAMILIES, family_of, register
 from aogpt.families.base import ModelFamily
 from aogpt.model import Transformer
