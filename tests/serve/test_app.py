@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from aogpt.data.tokenizer import ByteTokenizer
-from aogpt.generate import generate, infill
+from aogpt.generation.generate import generate, infill
 from tests.serve.conftest import random_float32, serve
 
 

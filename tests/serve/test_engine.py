@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from aogpt.errors import AOGPTError
-from aogpt.generate import generate
 from aogpt.generation.conditioning import Conditioning
+from aogpt.generation.generate import generate
 from aogpt.serve import Busy, Draining, Engine, EngineLimits, Job
 from aogpt.serve.batching import row_invariant
 from aogpt.serve.engine import job_size
+from tests.generation.test_generate import chi2_pvalue, exact_joint, tiny_model
 from tests.serve.conftest import random_float32
-from tests.test_generate import chi2_pvalue, exact_joint, tiny_model
 
 
 def template(length: int, known: dict[int, int]) -> Conditioning:

@@ -154,7 +154,7 @@ def bench_serve(checkpoint: Path, clients: int, requests: int, max_tokens: int, 
                 threads: int, seed: int, out: Path | None, progress: Callable[[int, str], None] | None = None
                 ) -> dict[str, Any]:
     from aogpt.checkpoint import load
-    from aogpt.generate import generate
+    from aogpt.generation.generate import generate
     from aogpt.serve.protocol import CompletionRequest, to_generate
 
     loaded = load(checkpoint)

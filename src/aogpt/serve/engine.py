@@ -37,7 +37,7 @@ import greenlet
 import torch
 
 from aogpt.errors import AOGPTError
-from aogpt.generate import GenerationResult, generate
+from aogpt.generation.generate import GenerationResult, generate
 from aogpt.generation.reveal import Revealed
 from aogpt.generation.settings import GenerationSettings
 from aogpt.inference import for_inference

@@ -19,8 +19,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from aogpt.errors import AOGPTError
-from aogpt.generate import GenerationResult
 from aogpt.generation.conditioning import BLANK, parse_template, prompt_condition
+from aogpt.generation.generate import GenerationResult
 from aogpt.generation.reveal import Revealed
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
