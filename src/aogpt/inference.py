@@ -12,6 +12,12 @@ with it (nothing is copied, the user's model is not modified) and whose decode-p
 (attention, MLP, output head) hold a packed copy of their weight. It is built once per `generate`
 call, from the weights as they are then; only float32 and bfloat16 models on a CPU with oneDNN are
 packed, anything else is returned as it is.
+
+The weight is packed for at least two rows (`MIN_ROWS_HINT`), whatever the hint: packed for one
+row, oneDNN picks a layout whose kernel gives a row different bits depending on how many rows are
+multiplied with it (and that is slower at two rows, the usual decode step: a catch-up and a query).
+Packed for two or more, every row gets the same bits whatever the row count and whatever the hint,
+which is what makes a served request's tokens equal to offline generation's (`aogpt.serve.batching`).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import torch
 from torch import nn
 
 DECODE_PATH = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "lm_head")
+MIN_ROWS_HINT = 2  # packed for one row, oneDNN's kernel is not row-invariant (module docstring)
 
 
 def packing_available(model: nn.Module) -> bool:
@@ -42,7 +49,8 @@ class PackedLinear(nn.Module):
         self.weight, self.bias = linear.weight, linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
         with torch.no_grad():
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows_hint)
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(),
+                                                                  max(rows_hint, MIN_ROWS_HINT))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")

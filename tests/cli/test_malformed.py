@@ -296,6 +296,25 @@ CASES: list[tuple[list[str], str]] = [
     (["export", "{run}", "--out", "{s}/a-file"], "already exists"),
     (["export", "{run}", "--out", "{s}"], "already exists"),
     (["export", "{s}/cfg-no-model", "--out", "{t}/x.pt"], "lacks the key 'model'"),
+    # aogpt serve / bench serve: refused before a model is loaded or a port is taken
+    (["serve"], "the following arguments are required: --checkpoint"),
+    (["serve", "--checkpoint", "{run}", "--port", "-1"], "argument --port: must be in [0, 65535], got -1"),
+    (["serve", "--checkpoint", "{run}", "--port", "65536"], "argument --port: must be in [0, 65535]"),
+    (["serve", "--checkpoint", "{run}", "--port", "http"], "argument --port: must be an integer"),
+    (["serve", "--checkpoint", "{run}", "--max-sequences", "0"], "argument --max-sequences"),
+    (["serve", "--checkpoint", "{run}", "--max-queue", "-1"], "argument --max-queue"),
+    (["serve", "--checkpoint", "{run}", "--max-tokens-in-flight", "nan"], "argument --max-tokens-in-flight"),
+    (["serve", "--checkpoint", "{run}", "--max-samples", "0"], "argument --max-samples"),
+    (["serve", "--checkpoint", "{run}", "--host", "no such host!", "--port", "0"], "cannot listen on no such host!"),
+    (["serve", "--checkpoint", "{s}/nothing-here", "--port", "0"], "does not exist"),
+    (["serve", "--checkpoint", "{s}/cfg-no-model", "--port", "0"], "lacks the key 'model'"),
+    (["bench", "serve"], "the following arguments are required: --checkpoint"),
+    (["bench", "serve", "--checkpoint", "{run}", "--clients", "0"], "argument --clients: must be in [1, 256]"),
+    (["bench", "serve", "--checkpoint", "{run}", "--duration", "-5"], "argument --duration"),
+    (["bench", "serve", "--checkpoint", "{run}", "--duration", "inf"], "argument --duration"),
+    (["bench", "serve", "--checkpoint", "{run}", "--max-tokens", "500", "--out", "{t}/b"],
+     "--max-tokens 500 exceeds the model's context of 32"),
+    (["bench", "serve", "--checkpoint", "{s}/nothing-here", "--out", "{t}/b"], "does not exist"),
 ]
 
 

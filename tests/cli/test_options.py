@@ -50,6 +50,8 @@ BASES = {  # an invocation that is valid on its own; the random options are adde
     "harness": ["harness", "--checkpoint", "{run}", "--tasks", "aogpt_last_word", "--include-path", "{harness}"],
     "import": ["import", str(FIXTURE), "--out", "{t}/imported"],
     "export": ["export", "{run}", "--out", "{t}/x.pt"],
+    "serve": ["serve", "--checkpoint", "{run}", "--port", "0"],
+    "bench serve": ["bench", "serve", "--checkpoint", "{run}", "--quick", "--out", "{t}/b", "--no-progress"],
 }
 
 
@@ -78,6 +80,8 @@ STAND_INS = [  # where each command's work begins, after every check
     "aogpt.bench.recipe.sweep",
     "aogpt.bench.recipe.thread_speedup",
     "aogpt.hf.harness.AOGPTLM",
+    "aogpt.serve.engine.Engine",  # serve
+    "aogpt.bench.serve.bench_serve",
 ]
 
 

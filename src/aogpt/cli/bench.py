@@ -18,6 +18,7 @@ from aogpt.cli.bench_common import (
     setup,
     size_flags,
 )
+from aogpt.cli.bench_serve import add_serve_benchmark
 from aogpt.cli.bench_training import add_training_benchmarks
 from aogpt.cli.common import config_arg, finite_float, int_arg, positive_int
 from aogpt.cli.prepare import MAX_WORKERS
@@ -136,12 +137,13 @@ def add_parser(subparsers: Any) -> None:
     r.set_defaults(func=run_prepare)
 
     add_training_benchmarks(sub)
+    add_serve_benchmark(sub)
 
 
 def _missing(args: argparse.Namespace) -> int:
     raise AOGPTError("no benchmark named",
-                     "use `aogpt bench generate`, `speculative`, `density`, `train`, `eval`, `prepare`, `adaptive` "
-                     "or `recipe` "
+                     "use `aogpt bench generate`, `speculative`, `density`, `train`, `eval`, `prepare`, `adaptive`, "
+                     "`recipe` or `serve` "
                      "(`aogpt bench --help`)")
 
 

@@ -239,6 +239,10 @@ class EncoderSampler:
                 progress(int(k.sum()))
         return self.x.gather(1, self.chain)
 
+    def decided(self) -> torch.Tensor:
+        """Tokens by position (B, n) decided so far, -1 where still masked (`aogpt.generation.reveal`)."""
+        return self.x
+
     def _count(self, k: np.ndarray) -> None:
         self.forwards += 1
         self.slots += self.B * self.n
@@ -303,6 +307,10 @@ class AdaptiveEncoderSampler(AdaptiveSampler):
 
     def _tokens(self) -> torch.Tensor:
         return self.x.gather(1, self.chain)
+
+    def decided(self) -> torch.Tensor:
+        """Tokens by position (B, n) decided so far, -1 where still masked (`aogpt.generation.reveal`)."""
+        return self.x
 
 
 @dataclass(frozen=True)

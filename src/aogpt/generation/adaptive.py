@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from aogpt.generation.decoder import additive, step_mask
+from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
 from aogpt.kv_cache import PackedSlots
 from aogpt.orders import ADAPTIVE
@@ -269,6 +270,11 @@ class AdaptiveDecoderSampler(AdaptiveSampler):
 
     def _tokens(self) -> torch.Tensor:
         return self.ychain[:, 1:self.n + 1]
+
+    def decided(self) -> torch.Tensor:
+        """Tokens by position (B, n) decided so far, -1 where still masked (`aogpt.generation.reveal`)."""
+        decided = torch.arange(self.n, device=self.dev) < self._t(self.steps.g)[:, None]
+        return scatter_by_position(self.chain, self._tokens(), decided)
 
     def _t(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.dev)

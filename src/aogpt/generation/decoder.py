@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
 from aogpt.kv_cache import PackedSlots
 from aogpt.sampling import SamplingConfig, sample_tokens
@@ -205,7 +206,7 @@ class DecoderSampler:
         B, n = chain.shape
         dev = chain.device
         m = known.numel()
-        self.model, self.B, self.n = model, B, n
+        self.model, self.B, self.n, self.chain = model, B, n, chain
         self.teacher = None if teacher is None else teacher.reshape(-1)
         # content of chain slot i is ychain[:, i] (start = -1); column n + 1 is a write sink
         self.ychain = torch.full((B, n + 2), -1, dtype=torch.long, device=dev)
@@ -224,6 +225,11 @@ class DecoderSampler:
         self.forwards = len(self.steps)
         self.slots = sum(s.rows for s in self.steps)
         self.padded = sum(s.padded for s in self.steps)
+
+    def decided(self) -> torch.Tensor:
+        """Tokens by position (B, n) decided so far, -1 where still masked (`aogpt.generation.reveal`)."""
+        y = self.ychain[:, 1:self.n + 1]
+        return scatter_by_position(self.chain, y, y >= 0)
 
     def run(self, cfg: SamplingConfig, gen: torch.Generator | None,
             progress: Callable[[int], None] | None) -> torch.Tensor:

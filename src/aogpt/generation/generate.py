@@ -27,6 +27,7 @@ from aogpt.errors import AOGPTError
 from aogpt.families import family_of, unwrap
 from aogpt.generation.conditioning import Conditioning, parse_template, prompt_condition
 from aogpt.generation.plan import base_orders, chain_orders, resolve_order, step_counts
+from aogpt.generation.reveal import Revealed, watch
 from aogpt.generation.settings import DecodePlan, GenerationSettings, settings_from
 from aogpt.inference import for_inference
 from aogpt.memory import check_fits, generation_bytes
@@ -104,6 +105,7 @@ class _Request:
     generators: Generators
     teacher_tokens: torch.Tensor | None
     record_logits: bool
+    on_step: Callable[[Revealed], None] | None = None
 
     @property
     def masked(self) -> int:
@@ -128,7 +130,8 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
              length: int | None = None, prompt: Any = None, seed: int | None = None, tokenizer: Any = None,
              return_text: bool | None = None, teacher_tokens: torch.Tensor | None = None,
              record_logits: bool = False, progress: Callable[[int], None] | None = None,
-             condition: Conditioning | None = None, **overrides: Any) -> GenerationResult:
+             condition: Conditioning | None = None, on_step: Callable[[Revealed], None] | None = None,
+             **overrides: Any) -> GenerationResult:
     """Sample `num_samples` sequences of `length` tokens (default: the model's context).
 
     settings: a `GenerationSettings`; keyword shortcuts override its fields (None: keep): steps (T
@@ -143,7 +146,8 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
     attention ("sdpa" or "flex"), compile (torch.compile the decode step), skip_noop (an encoder
     skips the forward of steps that reveal nothing, docs/encoder.md).
     prompt: a prefix (text, needs `tokenizer`, or ids). teacher_tokens (N, n): feed these back instead
-    of sampling (tests); record_logits keeps every query's logits. See docs/generation.md.
+    of sampling (tests); record_logits keeps every query's logits. on_step: called after every step
+    with the positions it revealed (`aogpt.generation.reveal.Revealed`). See docs/generation.md.
     """
     want_text = tokenizer is not None if return_text is None else return_text
     if want_text and tokenizer is None:
@@ -151,6 +155,7 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
     req = _resolve(model, settings, overrides, num_samples=num_samples, length=length, prompt=prompt,
                    condition=condition, tokenizer=tokenizer, seed=seed, teacher_tokens=teacher_tokens,
                    record_logits=record_logits)
+    req.on_step = on_step
     batches, seconds = _run(req, progress)
     result = _assemble(req, batches, seconds)
     if want_text:
@@ -246,7 +251,7 @@ def _run_batch(req: _Request, runner: torch.nn.Module, start: int, B: int,
     if req.speculative is not None:
         chain_d = chain.to(req.known_chain.device)
         sampler = fam.speculative_sampler(runner, chain_d, req.known_chain, req.settings, req.speculative)
-        y = sampler.run(req.sampling, req.generators.tokens, progress)
+        y = sampler.run(req.sampling, req.generators.tokens, watch(sampler, start, req.on_step, progress))
         return _Batch(torch.empty_like(y).scatter_(1, chain_d, y).cpu(), chain,
                       torch.from_numpy(np.stack(sampler.revealed, axis=1)), None, sampler.forwards, sampler.slots,
                       sampler.padded, (list(sampler.proposed), list(sampler.accepted)))
@@ -260,7 +265,7 @@ def _run_batch(req: _Request, runner: torch.nn.Module, start: int, B: int,
         sampler = fam.sampler(runner, chain_d, req.known_chain, plan, req.settings,
                               teacher=None if teacher is None else teacher.gather(1, chain_d),
                               record=req.record_logits)
-    y = sampler.run(req.sampling, req.generators.tokens, progress)
+    y = sampler.run(req.sampling, req.generators.tokens, watch(sampler, start, req.on_step, progress))
     if req.adaptive:
         chain_d, plan = sampler.chain, sampler.step_counts
     return _Batch(torch.empty_like(y).scatter_(1, chain_d, y).cpu(), chain_d.cpu(), torch.from_numpy(plan),

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from aogpt.generation.decoder import additive, compiled, step_mask
+from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
 from aogpt.kv_cache import PackedSlots
 from aogpt.sampling import SamplingConfig, categorical, probabilities, sample_tokens
@@ -84,6 +85,11 @@ class SpeculativeSampler:
 
     def _t(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.dev)
+
+    def decided(self) -> torch.Tensor:
+        """Tokens by position (B, n) committed so far (pending drafts are not), -1 where still masked."""
+        committed = torch.arange(self.n, device=self.dev) < self._t(self.g)[:, None]
+        return scatter_by_position(self.pos[:, 1:] - 1, self.ychain[:, 1:self.n + 1], committed)
 
     def run(self, cfg: SamplingConfig, gen: torch.Generator | None,
             progress: Callable[[int], None] | None) -> torch.Tensor:

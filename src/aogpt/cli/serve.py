@@ -1,0 +1,107 @@
+"""`aogpt serve`: a checkpoint's exact any-order decoding as an HTTP service (`aogpt.serve`), with the
+page that shows the order in which a text is revealed. Behaviour and decisions: docs/serve.md."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+from typing import Any
+
+from aogpt.cli.common import add_common, config_arg, emit_json, int_arg
+from aogpt.errors import AOGPTError
+
+HELP = "serve a checkpoint over HTTP: OpenAI-style completions, streaming the positions each step reveals"
+MAX_SAMPLES = 1024
+
+
+def add_parser(subparsers: Any) -> None:
+    from aogpt.serve.engine import EngineLimits
+
+    p = subparsers.add_parser("serve", help=HELP, description=HELP + "; continuous batching with results identical "
+                              "to `aogpt sample`/generate() for the same seed; a page at / (see docs/serve.md)")
+    p.add_argument("--checkpoint", metavar="RUN", required=True,
+                   help="run directory (its newest checkpoint) or a ckpt-* directory")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 opens it to the network)")
+    p.add_argument("--port", type=int_arg(ge=0, le=65535), default=8000,
+                   help="TCP port, 0..65535 (default 8000; 0 picks a free one and prints it)")
+    p.add_argument("--name", default=None, help="model name clients send and /v1/models lists (default: the run's)")
+    p.add_argument("--max-sequences", type=config_arg(EngineLimits, "max_sequences"), default=32,
+                   help="sequences decoded at once, 1..4096 (default 32; a request with n samples counts n)")
+    p.add_argument("--max-tokens-in-flight", type=config_arg(EngineLimits, "max_tokens_in_flight"), default=16384,
+                   help="sum of n x length over the running requests, 1..2^24 (default 16384)")
+    p.add_argument("--max-queue", type=config_arg(EngineLimits, "max_queue"), default=64,
+                   help="requests waiting for room, 0..100000 (default 64); beyond it a request gets 503 and "
+                   "Retry-After")
+    p.add_argument("--max-samples", type=int_arg(ge=1, le=MAX_SAMPLES), default=16,
+                   help=f"most samples (n) one request may ask for, 1..{MAX_SAMPLES} (default 16)")
+    p.add_argument("--weights", choices=("ema", "raw"), default="ema", help="EMA (default) or raw weights")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
+    p.add_argument("--threads", type=int_arg(ge=1, le=1024), default=None,
+                   help="torch threads, 1..1024 (default: torch's, one per core)")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
+                   help="server log level (default info: one line per request)")
+    add_common(p, seed=False)
+    p.set_defaults(func=run)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (port 0: a free one), or a one-line error."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        raise AOGPTError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                         "pick another --port (0 picks a free one) or --host") from None
+    sock.listen(2048)  # connections wait in the backlog until the server accepts them
+    sock.set_inheritable(True)
+    return sock
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from aogpt.checkpoint import load
+    from aogpt.device import resolve_device
+    from aogpt.serve.app import create_app
+    from aogpt.serve.engine import Engine, EngineLimits
+
+    sock = bind(args.host, args.port)  # before the model loads: a busy port fails at once
+    loaded = load(args.checkpoint, weights=args.weights, device=resolve_device(args.device))
+    run_dir = loaded.path.parent if loaded.path.name.startswith("ckpt-") else loaded.path
+    name = args.name or run_dir.name
+    limits = EngineLimits(max_sequences=args.max_sequences, max_tokens_in_flight=args.max_tokens_in_flight,
+                          max_queue=args.max_queue)
+    engine = Engine(loaded.model, limits, threads=args.threads)
+    app = create_app(engine, loaded.tokenizer, name, max_samples=args.max_samples)
+    config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=None, lifespan="on")
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:  # SIGTERM / Ctrl-C: refuse new work, finish the rest
+            engine.drain()
+            super().handle_exit(sig, frame)
+            # uvicorn re-raises the signal once it has shut down, so the process would die of it; a drained
+            # server exits 0 instead (and prints its summary)
+            getattr(self, "_captured_signals", []).clear()
+
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    cfg = loaded.config
+    print(f"serving {name} ({cfg.variant}, context {cfg.block_size}) at http://{shown}:{port}/  "
+          f"(the page at /, completions at /v1/completions; SIGTERM or Ctrl-C stops after the running requests)",
+          flush=True)
+    if not engine.row_invariant:
+        print("note: this machine's matrix kernels are not row-invariant: batched results may differ from offline "
+              "generate() in rare tokens (docs/serve.md)", file=sys.stderr, flush=True)
+    logging.getLogger("aogpt.serve").setLevel(args.log_level.upper())
+    Server(config).run(sockets=[sock])
+    st = engine.stats
+    print(f"stopped: {st['finished']} requests served, {st['cancelled']} cancelled, {st['failed']} failed, "
+          f"{st['refused']} refused (queue full)", flush=True)
+    if args.json:
+        emit_json({"command": "serve", "model": name, "url": f"http://{shown}:{port}/", **engine.stats})
+    return 0

@@ -1,0 +1,306 @@
+"""The HTTP service on a real socket: completions and streams against offline generation, an OpenAI
+client, and every fault: bad input, a full queue, a client that goes away, a bug, SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from aogpt.data.tokenizer import ByteTokenizer
+from aogpt.generation.generate import generate, infill
+from tests.serve.conftest import random_float32, serve
+
+
+def post(url: str, body: dict | str, **kw) -> httpx.Response:
+    content = body if isinstance(body, str) else json.dumps(body)
+    return httpx.post(url + "/v1/completions", content=content, headers={"Content-Type": "application/json"},
+                      timeout=60, **kw)
+
+
+def events(url: str, body: dict) -> list:
+    """The stream's data lines, parsed ("[DONE]" kept as is)."""
+    out = []
+    with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                out.append("[DONE]" if line == "data: [DONE]" else json.loads(line[6:]))
+    return out
+
+
+def test_a_completion_is_offline_generation_for_the_same_seed(server):
+    model, tok = server.loaded.model, server.loaded.tokenizer
+    r = post(server.url, {"prompt": "the ", "max_tokens": 20, "seed": 5, "temperature": 0.9, "n": 2})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    ids = tok.encode("the ")
+    want = generate(model, prompt=ids, length=len(ids) + 20, seed=5, temperature=0.9, num_samples=2,
+                    tokenizer=tok).tokens
+    for i, choice in enumerate(body["choices"]):
+        assert choice["aogpt"]["tokens"] == want[i].tolist()
+        assert choice["text"] == tok.decode(want[i, len(ids):]) and choice["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 40, "total_tokens": len(ids) + 40}
+    assert body["aogpt"]["seed"] == 5 and body["model"] == server.name
+
+
+def test_a_template_is_filled_and_its_completion_is_the_whole_text(server):
+    model, tok = server.loaded.model, server.loaded.tokenizer
+    body = post(server.url, {"prompt": "to [MASK:4] or [MASK] to", "seed": 2, "order": "l2r", "policy": "count"}).json()
+    want = infill(model, "to [MASK:4] or [MASK] to", tokenizer=tok, seed=2, order="l2r", policy="count").tokens[0]
+    choice = body["choices"][0]
+    assert choice["aogpt"]["tokens"] == want.tolist() and choice["text"] == tok.decode(want)
+    steps = np.array(choice["aogpt"]["steps"])
+    masked = steps > 0
+    assert masked.sum() == 5 and (np.diff(steps[masked]) > 0).all()  # left to right: one position per step
+
+
+def test_the_stream_reveals_every_position_once_and_adds_up_to_the_completion(server):
+    request = {"prompt": "a[MASK:6]b[MASK:5]", "seed": 9, "steps": 4, "max_tokens": 3}
+    whole = post(server.url, request).json()["choices"][0]
+    got = events(server.url, request)
+    assert got[-1] == "[DONE]"
+    chunks = [e["choices"][0] for e in got[:-1] if e["choices"]]
+    start = chunks[0]["aogpt"]
+    assert start["step"] == 0 and start["length"] == len(whole["aogpt"]["tokens"])
+    tokens = np.full(start["length"], -1)
+    steps = np.full(start["length"], -1)
+    tokens[start["positions"]] = start["tokens"]
+    for c in chunks[1:-1]:
+        a = c["aogpt"]
+        assert (tokens[a["positions"]] == -1).all(), "a position revealed twice"
+        tokens[a["positions"]], steps[a["positions"]] = a["tokens"], a["step"]
+    assert tokens.tolist() == whole["aogpt"]["tokens"] and steps.tolist() == whole["aogpt"]["steps"]
+    assert "".join(c["text"] for c in chunks) == whole["text"]
+    assert chunks[-1]["finish_reason"] == "length" and got[-2]["aogpt"]["seed"] == 9
+
+
+def test_stop_strings_cut_the_text_in_the_response_and_the_stream(server):
+    request = {"prompt": "x", "max_tokens": 24, "seed": 1, "order": "l2r"}
+    text = post(server.url, request).json()["choices"][0]["text"]
+    stop = text[5:7]
+    cut = post(server.url, {**request, "stop": [stop, "\u2603"]}).json()["choices"][0]
+    assert cut["text"] == text[:text.find(stop)] and cut["finish_reason"] == "stop"
+    streamed = [e["choices"][0] for e in events(server.url, {**request, "stop": stop})[:-1] if e["choices"]]
+    assert "".join(c["text"] for c in streamed) == cut["text"] and streamed[-1]["finish_reason"] == "stop"
+
+
+def test_models_health_and_the_page(server):
+    models = httpx.get(server.url + "/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [server.name]
+    health = httpx.get(server.url + "/health").json()
+    assert health["status"] == "ok" and health["batch_invariant"] is True
+    page = httpx.get(server.url + "/")
+    assert page.status_code == 200 and "<script>" in page.text and "http" not in page.text.split("<body>")[1]
+
+
+def test_an_openai_client_gets_completions_and_a_stream(server):
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="not-needed", max_retries=0)
+    done = client.completions.create(model=server.name, prompt="the ", max_tokens=12, seed=4,
+                                     extra_body={"order": "l2r"})
+    tok = server.loaded.tokenizer
+    ids = tok.encode("the ")
+    want = generate(server.loaded.model, prompt=ids, length=len(ids) + 12, seed=4, order="l2r", tokenizer=tok).tokens[0]
+    assert done.choices[0].text == tok.decode(want[len(ids):])
+    stream = client.completions.create(model=server.name, prompt="the ", max_tokens=12, seed=4, stream=True,
+                                       extra_body={"order": "l2r"})
+    assert "".join(c.choices[0].text for c in stream if c.choices) == done.choices[0].text
+    assert [m.id for m in client.models.list()] == [server.name]
+
+
+BAD = [  # (body, status, words in the one-line reason)
+    ("{not json", 400, "not a JSON object"),
+    ("[1, 2]", 400, "not a JSON object"),
+    ({"prompt": "a", "colour": "red"}, 400, "colour: unknown field"),
+    ({"prompt": "a", "temperature": -1}, 400, "temperature"),
+    ({"prompt": "a", "top_p": 0}, 400, "top_p"),
+    ({"prompt": "a", "n": 0}, 400, "n:"),
+    ({"prompt": "a", "n": 17}, 400, "n = 17 is more than"),
+    ({"prompt": "a", "max_tokens": 500}, 400, "exceed the model's context of 32"),
+    ({"prompt": "a", "order": "sideways"}, 400, "unknown order spec"),
+    ({"prompt": "a", "steps": 0}, 400, "steps"),
+    ({"prompt": "a", "steps": 30, "max_tokens": 4}, 400, "steps must lie in 1..5"),
+    ({"prompt": "a", "speculative": 2, "order": "confidence"}, 400, "adaptive order"),
+    ({"prompt": [1, 2, 999]}, 400, "outside the model's vocabulary"),
+    ({"prompt": "a", "echo": True}, 400, "echo"),
+    ({"prompt": "a", "model": "gpt-4"}, 404, "is not served here"),
+    ({"prompt": "a [MASK:0] b"}, 400, "bad blank"),
+    ({"prompt": "x" * 1_000_001}, 400, "at most 1000000 characters"),
+    ({"prompt": "a", "stop": ["."] * 17}, 400, "stop"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "words"), BAD, ids=[str(b)[:40] for b, _, _ in BAD])
+def test_bad_requests_get_one_line_and_no_traceback(server, body, status, words):
+    r = post(server.url, body)
+    assert r.status_code == status, r.text
+    message = r.json()["error"]["message"]
+    assert words in message and "\n" not in message and "Traceback" not in r.text and 'File "' not in r.text
+
+
+def test_unknown_paths_and_methods_are_one_line_json(server):
+    for r in (httpx.get(server.url + "/v2/nothing"), httpx.delete(server.url + "/v1/completions")):
+        assert r.status_code in (404, 405) and r.json()["error"]["message"]
+
+
+LONG = {"prompt": "", "max_tokens": 128, "seed": 0, "order": "confidence"}  # scores every open position: seconds
+
+
+def _slow_loaded():
+    """A random model of the quickstart's size with the bytes tokenizer: long enough requests to
+    interrupt (about a second for 128 positions one per step)."""
+    return SimpleNamespace(model=random_float32(n_layer=4, n_head=3, n_embd=192, block_size=128, vocab=320, seed=3),
+                           tokenizer=ByteTokenizer())
+
+
+@pytest.fixture(scope="module")
+def narrow():
+    """A server that decodes one sequence at a time and queues one request."""
+    yield from serve(_slow_loaded(), name="slow", max_sequences=1, max_queue=1)
+
+
+def _first_chunk(url: str, body: dict) -> tuple[httpx.Client, httpx.Response, object]:
+    """A streaming request with its first chunk read (keep the line iterator: dropping it closes the stream)."""
+    client = httpx.Client(timeout=60)
+    r = client.send(client.build_request("POST", url + "/v1/completions", json={**body, "stream": True}),
+                    stream=True)
+    lines = r.iter_lines()
+    assert next(lines).startswith("data: ")
+    return client, r, lines
+
+
+def test_a_full_queue_is_503_with_retry_after_and_a_client_that_leaves_frees_its_slot(narrow):
+    engine = narrow.engine
+    cancelled = engine.stats["cancelled"]
+    client, first, lines = _first_chunk(narrow.url, LONG)
+    queued = {}
+    waiter = threading.Thread(target=lambda: queued.update(r=post(narrow.url, {"prompt": "ab", "max_tokens": 4})))
+    waiter.start()
+    deadline = time.monotonic() + 30
+    while engine.load()["waiting"] < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    full = post(narrow.url, {"prompt": "ab", "max_tokens": 4})
+    assert full.status_code == 503 and int(full.headers["Retry-After"]) >= 1
+    assert "busy" in full.json()["error"]["message"]
+    del lines
+    first.close()  # the streaming client goes away mid-generation
+    client.close()
+    waiter.join(30)
+    assert queued["r"].status_code == 200  # the slot it held went to the queued request
+    assert engine.stats["cancelled"] == cancelled + 1 and engine.load()["running"] == 0
+
+
+def test_a_waiting_non_streaming_client_that_leaves_is_cancelled(narrow):
+    engine = narrow.engine
+    cancelled = engine.stats["cancelled"]
+    host, port = narrow.url.removeprefix("http://").split(":")
+    body = json.dumps(LONG).encode()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 30
+        while engine.load()["running"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+    deadline = time.monotonic() + 30
+    while engine.stats["cancelled"] == cancelled:
+        assert time.monotonic() < deadline, "the request went on after its client left"
+        time.sleep(0.01)
+    assert engine.load()["running"] == 0
+
+
+def test_a_bug_is_a_500_without_traceback(tiny_loaded, monkeypatch):
+    for running in serve(tiny_loaded, name="broken"):
+        monkeypatch.setattr(running.engine.runner, "forward_slots", lambda *a, **k: 1 / 0)
+        r = post(running.url, {"prompt": "a", "max_tokens": 3})
+        assert r.status_code == 500
+        assert "internal error" in r.json()["error"]["message"] and "ZeroDivision" not in r.text
+        assert "Traceback" not in r.text
+
+
+def test_sigterm_finishes_running_requests_and_refuses_new_ones(tmp_path):
+    """`aogpt serve` in its own process: SIGTERM while six streams run; all six finish, nothing new
+    is served after it, and the process exits 0."""
+    from aogpt.checkpoint import save_checkpoint
+    from aogpt.config import to_dict
+
+    loaded = _slow_loaded()
+    run = tmp_path / "slow" / "ckpt-0000001"
+    save_checkpoint(run, loaded.model, config={"model": to_dict(loaded.model.config), "tokenizer": "bytes",
+                                               "step": 1}, tokenizer=loaded.tokenizer,
+                    ema={k: v.clone() for k, v in loaded.model.state_dict().items()})
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "aogpt", "serve", "--checkpoint", str(run.parent), "--port", "0",
+                             "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    try:
+        line = proc.stdout.readline()
+        assert "serving slow" in line, line + proc.stderr.read()
+        url = line.split(" at ")[1].split()[0].rstrip("/")
+        results: dict[int, list] = {}
+        finished: dict[int, float] = {}
+        started = threading.Barrier(7)
+
+        def stream(i: int) -> None:
+            got = []
+            with httpx.stream("POST", url + "/v1/completions", timeout=60,
+                              json={"prompt": "", "max_tokens": 128, "seed": i, "stream": True}) as r:
+                for k, line in enumerate(r.iter_lines()):
+                    if line.startswith("data: "):
+                        got.append(line)
+                    if k == 0:
+                        started.wait(30)
+            results[i] = got
+            finished[i] = time.monotonic()
+
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        started.wait(30)
+        proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        late = []
+        for _ in range(20):  # nothing new is served from now on: refused at the door, or 503
+            try:
+                late.append(httpx.post(url + "/v1/completions", json={"prompt": "ab", "max_tokens": 2},
+                                       timeout=5).status_code)
+            except httpx.TransportError:
+                late.append("refused")
+            time.sleep(0.02)
+        for t in threads:
+            t.join(60)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert 200 not in late, late
+    assert max(finished.values()) > signalled, "no stream was still running at SIGTERM: the test proves nothing"
+    for i in range(6):
+        assert results[i][-1] == "data: [DONE]", f"stream {i} was cut"
+        revealed = sum(len(json.loads(x[6:])["choices"][0].get("aogpt", {}).get("positions", []))
+                       for x in results[i][1:-2] if json.loads(x[6:])["choices"])
+        assert revealed == 128
+    assert "Traceback" not in proc.stderr.read()
+
+
+def test_the_engine_tokens_match_torch_generation_for_template_ids(server):
+    """Token ids with None blanks are not part of the HTTP format; text templates are: a template's
+    known tokens are those of the tokenizer's encoding of its text."""
+    tok = server.loaded.tokenizer
+    body = post(server.url, {"prompt": "ab[MASK:3]c", "seed": 0}).json()
+    tokens = torch.tensor(body["choices"][0]["aogpt"]["tokens"])
+    assert tokens[:2].tolist() == tok.encode("ab") and tokens[-1].item() == tok.encode("c")[0]
