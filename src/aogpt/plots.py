@@ -20,13 +20,16 @@ def pyplot():
 
 
 def save_png(draw: Callable[[Any], None], out_png: Path, figsize: tuple[float, float] = (6.4, 4.4),
-             dpi: int = 120) -> Path | None:
-    """Draw on one axes (`draw(ax)`) and write the figure to `out_png` atomically. Never raises: a
-    missing or broken matplotlib, or a failing drawing, becomes a warning and no PNG, so a plot never
-    loses the numbers it shows."""
+             dpi: int = 120, grid: tuple[int, int] | None = None) -> Path | None:
+    """Draw on one axes (`draw(ax)`), or on a grid of panels (`draw(axes)`, a (rows, cols) array, with
+    `grid`), and write the figure to `out_png` atomically. Never raises: a missing or broken matplotlib,
+    or a failing drawing, becomes a warning and no PNG, so a plot never loses the numbers it shows."""
     try:
         plt = pyplot()
-        fig, ax = plt.subplots(figsize=figsize, dpi=dpi)
+        if grid is None:
+            fig, ax = plt.subplots(figsize=figsize, dpi=dpi)
+        else:
+            fig, ax = plt.subplots(*grid, figsize=figsize, dpi=dpi, squeeze=False)
         try:
             draw(ax)
             fig.tight_layout()

@@ -69,3 +69,29 @@ def test_a_cpu_budget_buys_steps(data_root, monkeypatch):
     assert row["steps"] == 4
     with pytest.raises(AOGPTError, match="not both"):
         br.run_candidate(br.parse_candidate(TINY), data_root, steps=2, cpu_budget=1.0)
+
+
+def test_seeds_run_side_by_side_with_curves_diagnostics_and_intervals(data_root, tmp_path):
+    """Two seeds in two processes at once: a row each, curves every 2 steps with the target pathway's
+    diagnostics, the unigram level, one table row with 95% intervals over the seeds, and the PNG."""
+    res = br.sweep([br.parse_candidate(TINY)], data_root, steps=4, eval_bytes=300, seeds=2, jobs=2, curve_every=2,
+                   diagnose=True, seed=5, out=tmp_path)
+    assert sorted(r["seed"] for r in res["rows"]) == [5, 6]
+    for row in res["rows"]:
+        assert [p["step"] for p in row["curve"]] == [2, 4] and row["unigram_bpb"] > 0
+        last = row["curve"][-1]
+        assert last["any"] == pytest.approx(row["any_ema"]["bpb"])
+        assert last["l2r"] == pytest.approx(row["l2r_ema"]["bpb"])
+        assert {"gate_attn", "shift_attn/target", "grad/target_table", "grad/all", "lift/L0", "lift/max"} <= set(last)
+    a, b = (r["any_ema"]["bpb"] for r in res["rows"])
+    assert a != b  # different seeds, different runs
+    table = (tmp_path / "recipe.md").read_text()
+    assert "| tiny | bytes | 1/16/2 | 16 | 2 |" in table and f"{(a + b) / 2:.3f} [" in table
+    assert "unigram level of the scored text" in table and (tmp_path / "recipe.png").stat().st_size > 10_000
+
+
+def test_registered_candidates_of_the_any_order_sweep_build():
+    for name in ("ramp", "slow-ramp+open-gates+lr10", "batch-32x64", "uniform-start", "l2r-share-0.25"):
+        mc, tc = br.parse_candidate(name).configs(512, 1000, 0)
+        assert tc.lr == 3e-3 and mc.n_embd == 192  # the quickstart recipe as it was, one remedy changed
+    assert br.parse_candidate("batch-32x64").configs(512, 10, 0)[0].block_size == 64

@@ -84,7 +84,17 @@ def add_training_benchmarks(sub: Any) -> None:
     s.add_argument("--data-root", type=path_arg, default=Path("data"), metavar="DIR",
                    help="where the prepared Shakespeare folders are (made if missing; default data)")
     s.add_argument("--threads", type=int_arg(ge=1, le=4096), default=1, metavar="N",
-                   help="CPU threads for torch (default 1)")
+                   help="CPU threads for torch (default 1; per run with --jobs)")
+    s.add_argument("--seeds", type=int_arg(ge=1, le=1000), default=1, metavar="N",
+                   help="runs per candidate, seeds --seed, --seed + 1, ...; figures get 95%% intervals (default 1)")
+    s.add_argument("--jobs", type=int_arg(ge=1, le=256), default=1, metavar="N",
+                   help="runs at a time, each in its own process (default 1)")
+    s.add_argument("--curve-every", type=int_arg(ge=0, le=10**7), default=0, metavar="K",
+                   help="also score the EMA weights every K steps: validation curves and DIR/recipe.png (default 0: "
+                   "only at the end)")
+    s.add_argument("--diagnose", action="store_true",
+                   help="with --curve-every: also measure the target pathway there (adaLN modulation, gradients, "
+                   "attention on the target's neighbours)")
     run_flags(s, checkpoints=False, device=False)
     s.set_defaults(func=run_recipe)
 
@@ -155,5 +165,6 @@ def run_recipe(args: argparse.Namespace) -> int:
 
     result = br.sweep(candidates, args.data_root, steps=steps, cpu_budget=cpu_budget,
                       eval_bytes=br.QUICK_EVAL_BYTES if args.quick and args.eval_bytes is None else args.eval_bytes,
-                      minutes=args.minutes, speedup=args.speedup, seed=args.seed, out=args.out, progress=say)
+                      minutes=args.minutes, speedup=args.speedup, seed=args.seed, seeds=args.seeds, jobs=args.jobs,
+                      curve_every=args.curve_every, diagnose=args.diagnose, out=args.out, progress=say)
     return report(args, "bench recipe", result, br.to_markdown(result))
