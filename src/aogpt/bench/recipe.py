@@ -316,7 +316,7 @@ def sweep(candidates: list[Candidate], data_root: Path, *, steps: int | None = N
                               "jobs": jobs, "rows": [], "environment": environment(torch.device("cpu"))}
     options = dict(steps=steps, cpu_budget=cpu_budget, eval_bytes=eval_bytes, curve_every=curve_every,
                    diagnose=diagnose)
-    tasks = [(c, s) for c in candidates for s in range(seed, seed + seeds)]
+    tasks = [(c, s) for s in range(seed, seed + seeds) for c in candidates]  # every candidate once, then again
 
     def record(row: dict[str, Any]) -> None:
         if speedup:
