@@ -166,12 +166,12 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "train": dict(batch_size=8, max_steps=50, lr=3e-3, min_lr=3e-4, warmup_steps=5, eval_interval=25,
                       eval_batches=2, log_interval=5, ckpt_interval=25, ema_decay=0.99),
     },
-    "quickstart": {  # scripts/quickstart.sh on bpe:512, chosen by the recipe sweep (docs/training.md): 1090 steps
-        # are about 10 minutes of one quiet core; a bolder start than cpu-small's (rate, warm-up, the first steps
-        # left to right, a shorter EMA) to leave the unigram plateau early
+    "quickstart": {  # scripts/quickstart.sh on bpe:512 (docs/training.md): as many steps as 10 minutes of this
+        # machine hold (the decay fitted to the budget), an order curriculum from left to right to AO-GPT's mixture
         "model": dict(n_layer=4, n_head=3, n_embd=192, block_size=128, target_dim=128),
-        "train": dict(batch_size=16, max_steps=1090, lr=3e-3, min_lr=3e-4, warmup_steps=20, l2r_first_steps=100,
-                      eval_interval=200, eval_batches=8, log_interval=10, ckpt_interval=400, ema_decay=0.99),
+        "train": dict(batch_size=16, max_steps=100_000, max_minutes=10.0, lr=3e-3, min_lr=3e-4, warmup_steps=20,
+                      curriculum="l2r@100,mallows:4..0.05@600", lr_schedule="wsd", decay_share=0.2,
+                      eval_interval=250, eval_batches=8, log_interval=10, ckpt_interval=1000, ema_decay=0.99),
     },
     "cpu-small": {  # a small CPU model: about 7 minutes (850 steps, 1.7 M tokens) on 2 CPU cores
         "model": dict(n_layer=4, n_head=3, n_embd=192, block_size=128, target_dim=128),
