@@ -57,3 +57,19 @@ def test_config_files(tmp_path):
     broken.write_text("{")
     with pytest.raises(AOGPTError, match="does not parse"):
         load_config_file(broken)
+
+
+def test_the_any_order_start_ramps_from_left_to_right_to_the_runs_order():
+    from aogpt.config import any_order_start
+    from aogpt.orders import make_curriculum
+
+    start = any_order_start("uniform", 1800)
+    assert start == {"curriculum": "l2r@100,mallows:4..0.05@600", "l2r_first_steps": 0, "target_lr_mult": 10.0,
+                     "init_open_gates": True}
+    assert make_curriculum(start["curriculum"], "uniform").at(599).spec == "mallows:0.05"
+    assert any_order_start("mallows:0.3", 1800, target="input")["curriculum"] == "l2r@100,mallows:4..0.3@600"
+    assert "init_open_gates" not in any_order_start("mixture:0.1", 90, target="input")
+    assert any_order_start("mallows:10", 1800)["curriculum"] == "l2r@100"  # nearly left to right already
+    for order in ("l2r", "fixed-random:3", "blockwise:4", "mallows:inf"):
+        assert any_order_start(order, 1800) == {}  # the target follows from the slot: nothing to learn
+    train_config(None, "aogpt", **any_order_start("uniform", 24))  # short runs get a valid curriculum

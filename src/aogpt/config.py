@@ -19,7 +19,7 @@ from typing import Any
 
 from aogpt.errors import AOGPTError, check_choice
 from aogpt.families import family
-from aogpt.orders import make_curriculum
+from aogpt.orders import Mallows, make_curriculum, make_order_sampler
 from aogpt.validation import SEED_MAX, bounded, check_ranges
 
 # How the target position (the original position of the token a slot must predict) enters the model
@@ -192,6 +192,32 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
 }
 
+
+
+ANY_ORDER_RAMP = (4.0, 0.05)  # the Mallows dispersions an any-order start ramps through (nearly l2r -> nearly uniform)
+
+
+def any_order_start(order: str, steps: int, target: str = "adaln") -> dict[str, Any]:
+    """The `TrainConfig` fields that take an any-order decoder off the unigram plateau in a run of `steps`
+    steps (docs/training.md, "Leaving the unigram plateau"): its orders go from left to right (the first
+    1/18 of the run) through a Mallows ramp (until a third of it) to `order`, and its target pathway learns
+    at 10x the rate, with adaLN's gates open from the first step (`target` adaln). Nothing for orders that
+    need no target position: left to right, or one fixed order, where a slot's target follows from where
+    it is."""
+    sampler = make_order_sampler(order)
+    if sampler.left_to_right or sampler.is_fixed:
+        return {}
+    first, last = ANY_ORDER_RAMP
+    if isinstance(sampler, Mallows):  # ramp to the run's own dispersion (none if it is nearly l2r already)
+        last = sampler.theta
+    l2r_end = max(1, steps // 18)
+    stages = [f"l2r@{l2r_end}"]
+    if last < first:
+        stages.append(f"mallows:{first:g}..{last:g}@{max(l2r_end + 1, steps // 3)}")
+    fields: dict[str, Any] = {"curriculum": ",".join(stages), "l2r_first_steps": 0, "target_lr_mult": 10.0}
+    if target == "adaln":
+        fields["init_open_gates"] = True
+    return fields
 
 
 def model_config(variant: str = "aogpt", preset: str | None = None, **overrides: Any) -> ModelConfig:

@@ -39,3 +39,18 @@ def test_every_run_has_a_valid_config_of_the_same_size(scale):
 
 def test_aliases_point_at_findings():
     assert set(ALIASES.values()) <= set(FINDINGS)
+
+
+def test_any_order_runs_start_with_the_recommended_curriculum_and_fixed_orders_do_not():
+    from aogpt.reproduce.findings import RUNS
+    from aogpt.reproduce.scale import DEFAULT, configs
+
+    def train(key):
+        return configs(RUNS[key], DEFAULT, 320, 0)[1]
+
+    for key in ("uniform", "mixture", "aogpt-blocks", "sigma-input", "mallows-0.3", "mixture-ema-none"):
+        assert train(key).curriculum.startswith("l2r@100,mallows:4..") and train(key).target_lr_mult == 10.0, key
+    assert train("aogpt-blocks").init_open_gates and not train("sigma-input").init_open_gates
+    for key in ("l2r", "fixed-random", "blockwise", "encoder"):
+        assert train(key).curriculum == "" and train(key).target_lr_mult == 1.0, key
+    assert configs(RUNS["uniform"], DEFAULT, 320, 0)[0].variant == "aogpt"  # AO-GPT's own blocks again

@@ -6,6 +6,12 @@ an hour on two quiet CPU cores; `QUICK` is a smoke test of the whole pipeline in
 `--budget-minutes` keeps the size and picks the steps from a short timing of this machine
 (`aogpt.reproduce.runner.fit_budget`).
 
+Every any-order decoder run (uniform, mixture or Mallows orders) starts as the library recommends
+(`aogpt.config.any_order_start`: a curriculum from left to right to the run's order, the target pathway
+at 10x the learning rate, adaLN's gates open): without it, AO-GPT's blocks stay on the unigram
+plateau for the whole run at this size (docs/training.md). Runs in one fixed order need no target
+position and start plainly.
+
 EMA decays are scaled to the run's length. The paper's decays 0.99 / 0.999 / 0.9999 average over
 about 100 / 1,000 / 10,000 steps; a run of a few hundred steps cannot hold those horizons, so each
 horizon is multiplied by steps / `EMA_REFERENCE_STEPS`: the paper's 0.9999 then averages over a
@@ -19,8 +25,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from aogpt.config import ModelConfig, TrainConfig, model_config, train_config
+from aogpt.config import ModelConfig, TrainConfig, any_order_start, model_config, train_config
 from aogpt.errors import AOGPTError
+from aogpt.families import family
 from aogpt.reproduce.findings import RunSpec
 
 EMA_REFERENCE_STEPS = 50_000
@@ -112,9 +119,10 @@ def configs(spec: RunSpec, scale: Scale, vocab_size: int, seed: int,
     if spec.target is not None:
         overrides["target"] = spec.target
     mc = model_config(spec.variant, **overrides)
+    start = any_order_start(spec.order, scale.steps, mc.target) if family(spec.variant).target_position else {}
     tc = train_config(None, spec.variant, order=spec.order, batch_size=scale.batch_size, max_steps=scale.steps,
                       lr=scale.lr, min_lr=scale.min_lr, warmup_steps=scale.warmup_steps,
                       ema_decay=ema_decay(spec.ema, scale.steps), eval_interval=scale.eval_interval,
                       eval_batches=scale.eval_batches, log_interval=max(1, scale.eval_interval // 5),
-                      ckpt_interval=scale.steps + 1, keep_last=1, seed=seed, device=device)
+                      ckpt_interval=scale.steps + 1, keep_last=1, seed=seed, device=device, **start)
     return mc, tc
