@@ -58,12 +58,13 @@ class TrainSpec:
     lr: float = 5e-3
     block: int = 25
     seed: int = 0
+    plain_start: bool = False  # True: no any-order start (aogpt.config.any_order_start), as before it existed
 
     @property
     def name(self) -> str:
         slug = self.corpus.replace(":", "-")
         return (f"{self.variant}-{slug}-b{self.block}-L{self.layers}-D{self.width}-H{self.heads}-s{self.steps}"
-                f"-bs{self.batch}-lr{self.lr:g}-seed{self.seed}")
+                f"-bs{self.batch}-lr{self.lr:g}-seed{self.seed}" + ("-plain" if self.plain_start else ""))
 
 
 DEFAULTS = dict(task="walk", train_steps=2500, solutions=None, puzzles=200, seeds=3, layers=3, width=128, heads=4,
@@ -86,7 +87,8 @@ def prepared_corpus(corpus: str, work: Path, seed: int, show_progress: bool, max
 def trained_run(spec: TrainSpec, data: Any, work: Path, device: str, show_progress: bool) -> Path:
     """A run directory trained to `spec` (reused when a finished one exists in the work directory)."""
     from aogpt.checkpoint import list_checkpoints
-    from aogpt.config import model_config, to_dict, train_config
+    from aogpt.config import any_order_start, model_config, to_dict, train_config
+    from aogpt.families import family
     from aogpt.io import write_json
     from aogpt.train import Trainer
 
@@ -98,7 +100,9 @@ def trained_run(spec: TrainSpec, data: Any, work: Path, device: str, show_progre
     run.mkdir(parents=True)
     mcfg = model_config(spec.variant, n_layer=spec.layers, n_head=spec.heads, n_embd=spec.width,
                         block_size=spec.block, vocab_size=data.padded_vocab_size, pos_init="sinusoidal")
-    tcfg = train_config("tiny", spec.variant, order="uniform",  # the encoder draws its own masks
+    start = {} if spec.plain_start or not family(spec.variant).target_position else any_order_start(
+        "uniform", spec.steps, mcfg.target)  # the decoder leaves the unigram plateau early (docs/training.md)
+    tcfg = train_config("tiny", spec.variant, order="uniform", **start,  # the encoder draws its own masks
                         batch_size=spec.batch, max_steps=spec.steps, lr=spec.lr, min_lr=spec.lr / 10,
                         warmup_steps=min(50, max(1, spec.steps // 10)),
                         eval_interval=spec.steps // 4 if spec.steps >= 100 else spec.steps,
@@ -197,6 +201,7 @@ def bench_adaptive(*, task: str = "walk", train_steps: int = 2500, solutions: in
                    checkpoints: dict[str, Path] | None = None, text: bool = True, text_steps: int = 600,
                    text_block: int = 64, text_checkpoint: Path | None = None, text_data: Path | None = None,
                    spread_sequences: int = 64, spread_orders: int = 16, device: str = "cpu", seed: int = 0,
+                   plain_start: bool = False,
                    work: Path | None = None, out: Path | None = None, show_progress: bool = True,
                    progress: Callable[[int, str], None] | None = None) -> dict[str, Any]:
     """Everything in the module docstring; returns the summary (and writes DIR/adaptive.md/.json/.png).
@@ -220,7 +225,7 @@ def bench_adaptive(*, task: str = "walk", train_steps: int = 2500, solutions: in
     runs: dict[str, str] = {}
     for variant in MODELS:
         if variant not in checkpoints:
-            spec = TrainSpec(variant, corpus, train_steps, layers, width, heads, batch, lr, block, seed)
+            spec = TrainSpec(variant, corpus, train_steps, layers, width, heads, batch, lr, block, seed, plain_start)
             checkpoints[variant] = trained_run(spec, data, work, str(dev), show_progress)
         runs[variant] = str(checkpoints[variant])
     models = {v: load(p, device=dev).model for v, p in checkpoints.items()}
@@ -262,7 +267,8 @@ def bench_adaptive(*, task: str = "walk", train_steps: int = 2500, solutions: in
         if text_checkpoint is None:
             trained_text = True
             text_data_dir = prepared_corpus("shakespeare", work, seed, show_progress)
-            spec = TrainSpec("aogpt", "shakespeare", text_steps, layers, width, heads, 32, lr, text_block, seed)
+            spec = TrainSpec("aogpt", "shakespeare", text_steps, layers, width, heads, 32, lr, text_block, seed,
+                             plain_start)
             text_checkpoint = trained_run(spec, text_data_dir, work, str(dev), show_progress)
         else:
             if text_data is None:
@@ -279,7 +285,7 @@ def bench_adaptive(*, task: str = "walk", train_steps: int = 2500, solutions: in
               f"temperature {temperature:g}", "candidates": candidates, "threshold": threshold,
               "train": {"steps": train_steps, "solutions": data.meta["splits"]["train"]["documents"], "layers": layers,
                         "width": width, "heads": heads, "batch": batch,
-                        "lr": lr, "text_steps": text_steps if trained_text else None},
+                        "lr": lr, "text_steps": text_steps if trained_text else None, "plain_start": plain_start},
               "runs": runs, "text_run": text_run, "seed": seed, "solve": rows, "spread": spreads,
               "environment": environment(dev)}
     result["targets"] = targets(rows)

@@ -45,7 +45,10 @@ def to_markdown(result: dict[str, Any]) -> str:
         + (f", {', '.join(extra)}" if extra else "") + ". A puzzle counts as solved when the answer is correct "
         "(each puzzle has exactly one). 95% Wilson intervals over all puzzles; per seed: the solve rate of each seed's "
         f"puzzle set. Models trained by this benchmark: {tr['layers']} layers, width {tr['width']}, "
-        f"{tr['heads']} heads, {tr['steps']} steps of {tr['batch']} sequences, uniform orders; runs: {runs}.",
+        f"{tr['heads']} heads, {tr['steps']} steps of {tr['batch']} sequences, uniform orders"
+        + (" from step 0 (no any-order start)" if tr.get("plain_start") else
+           ", AO-GPT with the any-order start (a curriculum from left to right, docs/training.md)")
+        + f"; runs: {runs}.",
         "",
         markdown_table(["model", "order", "solved", "95% CI", "per seed", "slot evaluations / puzzle",
                         "forwards / puzzle", "time"], rows),

@@ -44,6 +44,9 @@ def add_training_benchmarks(sub: Any) -> None:
     a.add_argument("--heads", type=config_arg(ModelConfig, "n_head"), default=None,
                    help="their attention heads (default 4)")
     a.add_argument("--no-text", action="store_true", help="skip the text model of the log-likelihood spread")
+    a.add_argument("--plain-start", action="store_true",
+                   help="train AO-GPT on uniform orders from the first step, without the any-order start "
+                   "(a curriculum from left to right; the default since it learns these tasks far sooner)")
     a.add_argument("--text-steps", type=int_arg(ge=1, le=10**7), default=None, metavar="N",
                    help="training steps of the small Shakespeare AO-GPT (default 600)")
     a.add_argument("--text-checkpoint", type=path_arg, default=None, metavar="RUN",
@@ -125,7 +128,8 @@ def run_adaptive(args: argparse.Namespace) -> int:
             text_block=d["text_block"], text_checkpoint=args.text_checkpoint, text_data=args.text_data,
             spread_sequences=pick(args.spread_sequences, "spread_sequences"),
             spread_orders=pick(args.spread_orders, "spread_orders"), device=args.device, seed=args.seed,
-            work=args.work, out=args.out, show_progress=not args.no_progress, progress=update)
+            work=args.work, out=args.out, show_progress=not args.no_progress, progress=update,
+            plain_start=args.plain_start)
     finally:
         bar.close()
     from aogpt.bench.adaptive_report import to_markdown
