@@ -130,7 +130,7 @@ class TrainConfig:
     keep_last: int = bounded(2, ge=0, le=10**6)  # 0: keep every checkpoint
     seed: int = bounded(1337, ge=0, le=SEED_MAX)
     device: str = "auto"
-    dtype: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    dtype: str = "auto"  # auto: bf16 autocast on hardware with bf16 units, else fp32 (device.auto_precision)
     compile: bool = False
     fsdp: bool = False
     init_from: str = ""  # a checkpoint directory to start from (weights only)

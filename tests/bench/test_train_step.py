@@ -24,3 +24,18 @@ def test_train_times_the_real_step_of_every_variant(tmp_path):
 def test_bad_inputs():
     with pytest.raises(AOGPTError, match="unknown variant"):
         bench_train(variants=["bert"], size=TINY)
+
+
+def test_precisions_side_by_side(tmp_path):
+    res = bench_train(block=8, batch=2, size=TINY, steps=1, warmup=0, variants=["gpt", "aogpt"],
+                      dtypes="fp32,bf16", profile=True, out=tmp_path)
+    assert res["contenders"] == ["gpt/fp32", "aogpt/fp32", "gpt/bf16", "aogpt/bf16"]
+    assert res["ratio_to_gpt"]["gpt/bf16"] == 1.0 and res["speedup_over_first"]["aogpt/fp32"] == 1.0
+    assert res["speedup_over_first"]["aogpt/bf16"] == pytest.approx(
+        res["seconds_per_step"]["aogpt/fp32"] / res["seconds_per_step"]["aogpt/bf16"])
+    assert res["precision"]["bf16"]["name"] == "bf16" and len(res["targets"]) == 2
+    shares = res["profile"]["aogpt/bf16"]["share"]
+    assert sum(shares.values()) == pytest.approx(1.0) and shares["matmul"] > 0
+    assert "| matmul |" in (tmp_path / "train.md").read_text()
+    with pytest.raises(AOGPTError, match="unknown precision"):
+        bench_train(size=TINY, dtypes="int8")

@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 import aogpt
+from aogpt.device import PRECISION_NAMES, auto_precision
 from tests.helpers import random_checkpoint
 
 
@@ -30,8 +32,10 @@ def test_unconditional_json_matches_the_python_api(cli, runs):
     summary = res.json
     assert summary["settings"]["steps"] == 7 and summary["settings"]["policy"] == "bernoulli"
     assert summary["settings"]["seed"] == 5 and summary["timing"]["seconds"] > 0
-    want = aogpt.load(runs["aogpt"]).generate(num_samples=3, length=20, steps=7, temperature=0.9, top_p=0.95,
-                                              seed=5)
+    dtype = auto_precision("cpu")[0] or torch.float32  # the CLI's default (`--dtype auto`)
+    assert summary["precision"] == PRECISION_NAMES[dtype]
+    want = aogpt.load(runs["aogpt"], dtype=dtype).generate(num_samples=3, length=20, steps=7, temperature=0.9,
+                                                           top_p=0.95, seed=5)
     assert summary["tokens"] == want.tokens.tolist()
     assert summary["samples"] == want.texts
     assert all(t in res.out for t in want.texts)

@@ -165,9 +165,16 @@ def chi2_pvalue(tokens: torch.Tensor, V: int, probs: np.ndarray) -> float:
     return float(stats.chisquare(observed, probs / probs.sum() * observed.sum()).pvalue)
 
 
-def test_exact_sampling_one_token_per_step_matches_joint():
+def tiny_model_in(dtype: torch.dtype, variant: str, **kw) -> Transformer:
+    """`tiny_model` with its weights in `dtype`: bfloat16 is the precision `dtype auto` generates in on
+    hardware with bf16 units; the exact law is then that of the bf16 model's logits."""
+    return tiny_model(variant, dtype=torch.float64, **kw).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_exact_sampling_one_token_per_step_matches_joint(dtype):
     V, n, N = 3, 3, 24000
-    model = tiny_model("aogpt", vocab=V, block=n, scale=0.8, seed=5)
+    model = tiny_model_in(dtype, "aogpt", vocab=V, block=n, scale=0.8, seed=5)
     res = generate(model, num_samples=N, length=n, steps=n, policy="count", seed=11, batch_size=N)
     exact = exact_joint(model, n, V, [(1.0, [1, 1, 1])])
     assert abs(exact.sum() - 1) < 1e-12
@@ -176,15 +183,16 @@ def test_exact_sampling_one_token_per_step_matches_joint():
     l2r = np.zeros(V ** n)
     for xi, x in enumerate(itertools.product(range(V), repeat=n)):
         _, losses = model(torch.tensor([x]))
-        l2r[xi] = math.exp(-losses.sum().item())
+        l2r[xi] = math.exp(-losses.double().sum().item())
     assert chi2_pvalue(res.tokens, V, l2r) < 1e-6
 
 
-def test_exact_sampling_parallel_bernoulli_steps():
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_exact_sampling_parallel_bernoulli_steps(dtype):
     """Two Bernoulli steps over 3 positions: per-sequence counts differ (padded batches), queries of a
     step see only the earlier context. Exact law: orders x Binomial(3, 1/2) plans."""
     V, n, N = 3, 3, 24000
-    model = tiny_model("sigma", vocab=V, block=n, scale=0.8, seed=6)
+    model = tiny_model_in(dtype, "sigma", vocab=V, block=n, scale=0.8, seed=6)
     res = generate(model, num_samples=N, length=n, steps=2, policy="bernoulli", seed=12, batch_size=N)
     plans = [(math.comb(3, k) / 8, [k, 3 - k]) for k in range(4)]
     exact = exact_joint(model, n, V, plans)

@@ -42,7 +42,8 @@ def aogpt(*args, procs=1):
 def test_ddp_and_fsdp_match_one_process_and_resume(tmp_path, bytes_data):
     common = ["train", "--preset", "tiny", "--data", bytes_data, "--no-progress", "--device", "cpu",
               "--global-batch-tokens", 512, "--batch-size", 8, "--set", "train.eval_interval=2",
-              "--set", "train.ckpt_interval=2", "--set", "log_interval=1", "--max-steps", 4]
+              "--set", "train.ckpt_interval=2", "--set", "log_interval=1", "--max-steps", 4,
+              "--dtype", "float32"]  # fp32: bf16 rounds differently per reduction order, beyond this tolerance
     one, two, sharded = tmp_path / "one", tmp_path / "two", tmp_path / "fsdp"
     aogpt(*common, "--out", one)  # accumulation 2 x 8 sequences
     aogpt(*common, "--out", two, procs=2)  # 2 ranks x 8 sequences

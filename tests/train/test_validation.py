@@ -12,6 +12,7 @@ from aogpt.config import model_config, train_config
 from aogpt.data import PreparedData
 from aogpt.data.tokenizer import EOT_TEXT
 from aogpt.train import RandomTokens, Trainer
+from aogpt.train.step import autocast
 from tests.train.runs import make
 
 
@@ -54,7 +55,7 @@ def test_bits_per_byte_equal_a_direct_computation(bytes_data) -> None:
     got = trainer.evaluate()
     nats = tokens = num_bytes = 0
     model = trainer.raw.eval()
-    with torch.no_grad():
+    with torch.no_grad(), autocast(trainer.device, trainer.amp):  # the precision validation ran in
         for idx in data.iter_eval_batches("val", tc.batch_size, mc.block_size, tc.eval_batches):
             nats += float(model(idx)[1].double().sum())
             tokens += idx.numel()

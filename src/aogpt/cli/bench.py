@@ -96,6 +96,13 @@ def add_parser(subparsers: Any) -> None:
     t.add_argument("--variants", default=None, metavar="V,V,...", help="default gpt,sigma,aogpt,encoder-mdm")
     t.add_argument("--steps", type=REPEATS, default=None, help="timed steps per variant, median reported (default 5)")
     t.add_argument("--warmup", type=int_arg(ge=0, le=1000), default=None, help="untimed steps first (default 2)")
+    t.add_argument("--dtype", default="auto", metavar="P,P,...",
+                   help="precisions timed side by side: auto, fp32, bf16 (default auto: bf16 where the hardware "
+                   "has bf16 units)")
+    t.add_argument("--preset", default=None, help="time this preset's model and training recipe (e.g. quickstart; "
+                   "vocabulary from --vocab, default 512 with a preset)")
+    t.add_argument("--profile", action="store_true",
+                   help="also profile one step of each contender: share of time by operator kind")
     size_flags(t)
     run_flags(t, checkpoints=False)
     t.set_defaults(func=run_train)
@@ -250,13 +257,23 @@ def run_train(args: argparse.Namespace) -> int:
     q = bt.QUICK
     variants = [v.strip() for v in args.variants.split(",")] if args.variants else list(bt.VARIANTS)
     steps = _pick(args.steps, q, "steps", 5, args.quick)
+    block, batch, size = _pick(args.block, q, "block", 256, args.quick), _pick(args.batch, q, "batch", 8, args.quick), \
+        _size(args, q["size"])
+    if args.preset is not None and not args.quick:  # the preset's shape unless a flag says otherwise
+        from aogpt.bench.common import Size
+        from aogpt.config import get_preset
+
+        pm, pt = get_preset(args.preset)["model"], get_preset(args.preset)["train"]
+        block, batch = args.block or pm["block_size"], args.batch or pt["batch_size"]
+        size = Size(args.layers or pm["n_layer"], args.width or pm["n_embd"], args.heads or pm["n_head"],
+                    args.vocab or 512)
     bar, update = progress_bar(steps, args, "bench train")
     try:
         result = bt.bench_train(
-            block=_pick(args.block, q, "block", 256, args.quick), batch=_pick(args.batch, q, "batch", 8, args.quick),
-            size=_size(args, q["size"]), variants=variants, steps=steps,
+            block=block, batch=batch, size=size, variants=variants, steps=steps,
             warmup=_pick(args.warmup, q, "warmup", 2, args.quick), device=args.device, seed=args.seed,
-            out=args.out, progress=update)
+            dtypes=bt.parse_dtypes(args.dtype), preset=args.preset, profile=args.profile, out=args.out,
+            progress=update)
     finally:
         bar.close()
     return report(args, "bench train", result, bt.to_markdown(result))

@@ -14,7 +14,7 @@ import torch
 from aogpt.cli.common import add_common, config_arg, emit_json, int_arg, path_arg, positive_int, progress
 from aogpt.cli.sample import MAX_SAMPLES
 from aogpt.config import ModelConfig
-from aogpt.device import resolve_device, resolve_dtype
+from aogpt.device import PRECISION_NAMES, auto_precision, resolve_device, resolve_dtype
 from aogpt.errors import AOGPTError
 from aogpt.generation.settings import DecodePlan
 from aogpt.sampling import SamplingConfig
@@ -52,8 +52,9 @@ def add_parser(subparsers: Any) -> None:
                    "the context is refused")
     p.add_argument("--wrap", action="store_true", help="MDLM's wrapped packing: EOS + (block_len-2) tokens + EOS")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
-    p.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default="float32",
-                   help="model weights' dtype for evaluation (default float32)")
+    p.add_argument("--dtype", choices=("float32", "float64", "bfloat16", "auto"), default="float32",
+                   help="model weights' dtype for evaluation (default float32; auto: bfloat16 where the "
+                   "hardware has bf16 units, as training's default)")
     g = p.add_argument_group("generation perplexity")
     g.add_argument("--genppl", metavar="FILE", type=path_arg, default=None,
                    help="score samples from FILE (.jsonl, .json or one per line)")
@@ -127,8 +128,9 @@ def _fmt(r: dict) -> str:
     ci = f" (95% CI {r['ppl_ci95'][0]:.2f}-{r['ppl_ci95'][1]:.2f}, se {r['se']:.4f} nats)" if r.get("se") else ""
     ens = f" M={r['ensemble']}" + (f" S={r['ensemble_positions']}" if r.get("ensemble_positions") else "")
     bpb = f"  bits/byte {r['bpb']:.4f}" if r.get("bpb") is not None else ""
+    precision = f", scored in {r['precision']}" if r.get("precision") else ""
     return (f"{r['dataset']:<16} order={r['order']} K={r['num_orders']}{ens}: nll {r['nll']:.4f}  "
-            f"ppl {r['ppl']:.2f}{ci}{bpb}  tokens {r['tokens']}  ({r['seconds']:.1f} s)")
+            f"ppl {r['ppl']:.2f}{ci}{bpb}  tokens {r['tokens']}  ({r['seconds']:.1f} s{precision})")
 
 
 def table(results: list[dict], label: str) -> str:
@@ -179,7 +181,7 @@ def _likelihoods(loaded: Any, args: argparse.Namespace, sets: list[str]) -> list
                                ensemble_positions=args.ensemble_positions, batch_size=args.batch_size,
                                max_batches=args.max_batches, seed=args.seed, progress=bar,
                                byte_lengths=byte_lengths)
-            row = {"dataset": spec, **res.to_dict(), "data": info}
+            row = {"dataset": spec, **res.to_dict(), "data": info, "precision": args.precision}
             print(_fmt(row), flush=True)
             results.append(row)
     return results
@@ -212,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
     from aogpt.data import zeroshot
 
     device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype)
+    dtype = (auto_precision(device)[0] or torch.float32) if args.dtype == "auto" else resolve_dtype(args.dtype)
+    args.precision = PRECISION_NAMES[dtype]
     sets = list(args.data) + (zeroshot.names(args.suite) if args.suite else [])
     wants_genppl = args.genppl is not None or args.genppl_samples is not None
     if args.genppl is not None and args.genppl_samples is not None:
@@ -229,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
     summary: dict[str, Any] = {"command": "eval", "seed": args.seed}
     if loaded is not None:
         summary.update(checkpoint=str(loaded.path), step=loaded.step, variant=loaded.config.variant,
-                       weights=loaded.weights)
+                       weights=loaded.weights, precision=args.precision)
     if sets:
         results = _likelihoods(loaded, args, sets)
         summary["results"] = results

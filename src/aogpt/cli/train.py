@@ -54,7 +54,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="checkpoints to keep (default 2; 0 keeps all)")
     p.add_argument("--ema-decay", type=config_arg(TrainConfig, "ema_decay"), help="EMA decay, in [0, 1)")
     p.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
-    p.add_argument("--dtype", help="auto (bf16 autocast on CUDA, fp32 on CPU), float32, bfloat16")
+    p.add_argument("--dtype", help="auto (bf16 autocast on a GPU or a CPU with native bf16, else fp32), "
+                   "float32, bfloat16")
     p.add_argument("--compile", action="store_const", const=True, help="torch.compile the model (CUDA only)")
     p.add_argument("--fsdp", action="store_const", const=True,
                    help="shard with FSDP2 instead of DDP (under torchrun; CUDA, or CPU with gloo)")
@@ -122,8 +123,9 @@ def _dry_run(plan: Any, args: argparse.Namespace) -> int:
 
 def _print_plan(plan: Any) -> None:
     """Before the first step: what will be trained, how long, where; the orders and the rate's schedule."""
+    from aogpt.device import resolve_device
     from aogpt.orders import make_curriculum
-    from aogpt.train import LRSchedule, accumulation_steps
+    from aogpt.train import LRSchedule, accumulation_steps, training_precision
 
     mc, tc = plan.model_cfg, plan.train_cfg
     sequences = tc.batch_size * accumulation_steps(tc, plan.info.world_size, mc.block_size) * plan.info.world_size
@@ -141,6 +143,8 @@ def _print_plan(plan: Any) -> None:
     if curriculum.stages:
         orders = f"orders: {curriculum.spec} (step@end), then {curriculum.final.spec}"
     print(f"{orders}; {schedule.describe()}", flush=True)
+    _, why = training_precision(tc, resolve_device(tc.device))
+    print(f"precision: {why} (fp32 weights and optimizer state)", flush=True)
 
 
 def _print_summary(s: dict[str, Any]) -> None:

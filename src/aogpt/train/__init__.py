@@ -40,6 +40,7 @@ from aogpt.train.step import (
     autocast_dtype,
     make_optimizer,
     training_loss,
+    training_precision,
 )
 from aogpt.train.throughput import PEAK_BF16_FLOPS, flops_per_token, peak_flops
 from aogpt.train.trainer import Trainer
@@ -66,4 +67,5 @@ __all__ = [
     "plan",
     "run_lock",
     "training_loss",
+    "training_precision",
 ]

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from aogpt.config import TrainConfig
+from aogpt.device import resolve_precision
 from aogpt.errors import AOGPTError
 from aogpt.families import family_of, unwrap
 from aogpt.train import distributed
@@ -24,20 +25,15 @@ from aogpt.validation import field_range
 
 
 def autocast_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
-    """bf16 autocast on CUDA (by default), none (fp32) on CPU."""
-    if cfg.dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else None
-    table = {
-        "float32": None,
-        "fp32": None,
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-        "float16": torch.float16,
-        "fp16": torch.float16,
-    }
-    if cfg.dtype not in table:
+    """The autocast dtype of training (None: fp32); `auto` is `aogpt.device.auto_precision`'s choice."""
+    return training_precision(cfg, device)[0]
+
+
+def training_precision(cfg: TrainConfig, device: torch.device) -> tuple[torch.dtype | None, str]:
+    """(autocast dtype or None for fp32, a line saying which and why): what the plan line prints."""
+    if cfg.dtype not in ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16"):
         raise AOGPTError(f"unknown dtype {cfg.dtype!r}", "use auto, float32 or bfloat16")
-    return table[cfg.dtype]
+    return resolve_precision(cfg.dtype, device)
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):
