@@ -78,3 +78,17 @@ def test_ratios_of_the_medians():
     fake = {"steps": [4], "n": 4, "seconds": {"aogpt": {"4": 2.0}, "encoder": {"4": 50.0}, "gpt": {"4": 1.0}}}
     r = ratios(fake)
     assert r["4"]["encoder/aogpt"] == 25.0 and r["n"]["aogpt/gpt"] == 2.0 and r["4"]["aogpt-nocache/aogpt"] is None
+
+
+def test_precisions_side_by_side(tmp_path):
+    from aogpt.bench.generate import bench_generate
+
+    res = bench_generate(n=6, batch=2, steps=[3], size=TINY, methods=["aogpt", "gpt"], repeats=1,
+                         dtypes="fp32,bf16", out=tmp_path)
+    assert res["dtypes"] == ["fp32", "bf16"] and set(res["by_dtype"]) == {"fp32", "bf16"}
+    assert res["by_dtype"]["bf16"]["precision"] == "bf16" and res["by_dtype"]["fp32"]["precision"] == "fp32"
+    fp32, bf16 = res["by_dtype"]["fp32"]["seconds"], res["by_dtype"]["bf16"]["seconds"]
+    assert res["dtype_ratios"]["bf16"]["aogpt"]["3"] == pytest.approx(bf16["aogpt"]["3"] / fp32["aogpt"]["3"])
+    assert res["by_dtype"]["bf16"]["slots"] == res["by_dtype"]["fp32"]["slots"]  # the same plan, other precision
+    text = (tmp_path / "generate.md").read_text()
+    assert "bf16 ÷ fp32" in text and "## In bf16" in text

@@ -104,14 +104,23 @@ def _encoder_pass(model: Any, n: int, batch: int, T: int, seed: int) -> Callable
 def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | list[int] = DEFAULT_STEPS,
                    size: Size | None = None, methods: tuple[str, ...] | list[str] = DEFAULT_METHODS, repeats: int = 3,
                    long_run: float = 20.0, device: str = "cpu", seed: int = 0, top_p: float = 1.0,
-                   temperature: float = 1.0, checkpoints: dict[str, Path] | None = None, out: Path | None = None,
+                   temperature: float = 1.0, checkpoints: dict[str, Path] | None = None,
+                   dtypes: str | list[str] | tuple[str, ...] | None = None, out: Path | None = None,
                    progress: Callable[[int, str], None] | None = None) -> dict[str, Any]:
     """Time every method at every T; write DIR/generate.{md,json,png} when `out` is given.
 
+    dtypes: the precisions the models' weights are in (``fp32``, ``bf16``, ``auto``; default auto:
+    bf16 where the hardware has bf16 units). With several, every (method, T, precision) is timed in
+    the same interleaved rounds: the result holds one report per precision (``by_dtype``) and the
+    ratios between them (``dtype_ratios``, each precision's time over the first's).
     progress(done, label) is called after each run. Returns the summary (see `to_markdown`).
     """
+    from aogpt.bench.train_step import parse_dtypes
+    from aogpt.device import PRECISION_NAMES, resolve_precision
+
     methods = check_methods(methods)
     steps = sorted(set(int(t) for t in steps))
+    dtypes = parse_dtypes(dtypes)
     if n < 1 or batch < 1 or repeats < 1:
         raise AOGPTError("n, batch and repeats must be positive", "e.g. --n 256 --batch 8 --repeats 3")
     if steps[0] < 1 or steps[-1] > n:
@@ -127,66 +136,83 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
     if "hf-gpt2" in methods and not hf_gpt2.available():
         skipped["hf-gpt2"] = "transformers is not installed (pip install transformers)"
         methods = [m for m in methods if m != "hf-gpt2"]
-    models: dict[str, Any] = {}
-    for m in methods:
-        variant = METHODS[m].variant
-        key = variant or m
-        if key not in models:
-            models[key] = (hf_gpt2.build(size, n, dev, seed) if variant is None
-                           else build_model(variant, size, n, dev, seed, checkpoints.get(variant)))
+    precision = {d: resolve_precision(d, dev) for d in dtypes}
+    weights = {d: p[0] or torch.float32 for d, p in precision.items()}
+    models: dict[tuple[str, str], Any] = {}
+    for d in dtypes:
+        for m in methods:
+            variant = METHODS[m].variant
+            key = (variant or m, d)
+            if key not in models:
+                models[key] = (hf_gpt2.build(size, n, dev, seed) if variant is None
+                               else build_model(variant, size, n, dev, seed, checkpoints.get(variant)))
+                models[key] = models[key].to(weights[d])
     from aogpt.generation.generate import generate
 
-    last: dict[tuple[str, int], Any] = {}
+    last: dict[tuple[str, int, str], Any] = {}
 
-    def call(method: str, T: int, length: int = n) -> Callable[[], None]:
+    def call(method: str, T: int, d: str, length: int = n) -> Callable[[], None]:
         spec = METHODS[method]
         if spec.variant is None:
-            return hf_gpt2.generate_call(models[method], length, batch, seed, top_p, temperature)
-        model = models[spec.variant]
+            return hf_gpt2.generate_call(models[(method, d)], length, batch, seed, top_p, temperature)
+        model = models[(spec.variant, d)]
         if spec.estimate:
             return _encoder_pass(model, length, batch, T, seed)
 
         def run() -> None:
-            last[(method, T)] = generate(model, num_samples=batch, length=length, steps=length if not spec.every_t
-                                         else T, batch_size=batch, seed=seed, top_p=top_p, temperature=temperature,
-                                         skip_noop=spec.skip_noop, **spec.settings)
+            last[(method, T, d)] = generate(model, num_samples=batch, length=length,
+                                            steps=length if not spec.every_t else T, batch_size=batch, seed=seed,
+                                            top_p=top_p, temperature=temperature, skip_noop=spec.skip_noop,
+                                            **spec.settings)
 
         return run
 
-    for m in methods:  # warm-up: allocator, kernels, lazy imports; not timed
-        timed_cpu(call(m, min(4, n), length=min(n, 16)), dev)
-    calls = {(m, T): call(m, T) for m in methods for T in (steps if METHODS[m].every_t else [n])}
+    for d in dtypes:
+        for m in methods:  # warm-up: allocator, kernels, lazy imports; not timed
+            timed_cpu(call(m, min(4, n), d, length=min(n, 16)), dev)
+    calls = {(m, T, d): call(m, T, d) for d in dtypes for m in methods
+             for T in (steps if METHODS[m].every_t else [n])}
     done = [0]
 
-    def tick(key: tuple[str, int]) -> None:
+    def tick(key: tuple[str, int, str]) -> None:
         done[0] += 1
         if progress is not None:
-            progress(done[0], f"{key[0]} T={key[1]}")
+            progress(done[0], f"{key[0]} T={key[1]}" + (f" {key[2]}" if len(dtypes) > 1 else ""))
 
     timings = interleaved_timings(calls, dev, repeats, long_run, tick)
-    result: dict[str, Any] = {
-        "benchmark": "generate", "n": n, "batch": batch, "steps": steps, "methods": methods, "skipped": skipped,
-        "labels": {m: METHODS[m].label for m in methods}, "size": size.to_dict(), "repeats": repeats,
-        "long_run_s": long_run, "seed": seed, "top_p": top_p, "temperature": temperature,
-        "checkpoints": {k: str(v) for k, v in checkpoints.items()}, "environment": environment(dev),
-        "seconds": {m: {} for m in methods}, "cpu_seconds": {m: {} for m in methods},
-        "runs": {m: {} for m in methods}, "forwards": {m: {} for m in methods}, "slots": {m: {} for m in methods},
-        "padded_slots": {m: {} for m in methods},
-    }
-    for (m, T), sec in timings.wall.items():
-        factor = T if METHODS[m].estimate else 1
-        result["seconds"][m][str(T)] = sec * factor
-        result["cpu_seconds"][m][str(T)] = timings.cpu[(m, T)] * factor
-        result["runs"][m][str(T)] = [w * factor for w in timings.wall_runs[(m, T)]]
-        if (m, T) in last:
-            t = last[(m, T)].timing
-            result["forwards"][m][str(T)] = int(t["forwards"])
-            result["slots"][m][str(T)] = int(t["slot_evaluations"])
-            result["padded_slots"][m][str(T)] = int(t["padded_slots"])
-    result["ratios"] = ratios(result, "seconds")
-    result["cpu_ratios"] = ratios(result, "cpu_seconds")
+    base = {"benchmark": "generate", "n": n, "batch": batch, "steps": steps, "methods": methods, "skipped": skipped,
+            "labels": {m: METHODS[m].label for m in methods}, "size": size.to_dict(), "repeats": repeats,
+            "long_run_s": long_run, "seed": seed, "top_p": top_p, "temperature": temperature,
+            "checkpoints": {k: str(v) for k, v in checkpoints.items()}, "environment": environment(dev)}
+    by_dtype = {}
+    for d in dtypes:
+        r: dict[str, Any] = {**base, "dtype": d, "precision": PRECISION_NAMES[precision[d][0]],
+                             "precision_why": precision[d][1].replace(" autocast", " weights"),
+                             **{k: {m: {} for m in methods} for k in ("seconds", "cpu_seconds", "runs", "forwards",
+                                                                       "slots", "padded_slots")}}
+        for (m, T, dd), sec in timings.wall.items():
+            if dd != d:
+                continue
+            factor = T if METHODS[m].estimate else 1
+            r["seconds"][m][str(T)] = sec * factor
+            r["cpu_seconds"][m][str(T)] = timings.cpu[(m, T, d)] * factor
+            r["runs"][m][str(T)] = [w * factor for w in timings.wall_runs[(m, T, d)]]
+            if (m, T, d) in last:
+                t = last[(m, T, d)].timing
+                r["forwards"][m][str(T)] = int(t["forwards"])
+                r["slots"][m][str(T)] = int(t["slot_evaluations"])
+                r["padded_slots"][m][str(T)] = int(t["padded_slots"])
+        r["ratios"] = ratios(r, "seconds")
+        r["cpu_ratios"] = ratios(r, "cpu_seconds")
+        by_dtype[d] = r
+    result = by_dtype[dtypes[0]] if len(dtypes) == 1 else {
+        **base, "dtypes": dtypes, "by_dtype": by_dtype,
+        "dtype_ratios": {d: {m: {T: by_dtype[d]["seconds"][m][T] / by_dtype[dtypes[0]]["seconds"][m][T]
+                                 for T in by_dtype[d]["seconds"][m]} for m in methods} for d in dtypes}}
     if out is not None:
         from aogpt.bench.plot import plot_generation
 
-        result["files"] = write_outputs(out, "generate", to_markdown(result), result, plot=plot_generation)
+        main = by_dtype[dtypes[-1]]  # the plot shows the last precision asked for
+        result["files"] = write_outputs(out, "generate", to_markdown(result), result,
+                                        plot=lambda res, path: plot_generation(main, path))
     return result

@@ -69,6 +69,29 @@ def findings(result: dict[str, Any]) -> list[str]:
 
 
 def to_markdown(result: dict[str, Any]) -> str:
+    """The report of one precision, or with several (``by_dtype``) their times side by side, then
+    each precision's report."""
+    if "by_dtype" not in result:
+        return _one_precision(result)
+    dtypes, by = result["dtypes"], result["by_dtype"]
+    first = dtypes[0]
+    keys = [(m, T) for m in result["methods"] for T in by[first]["seconds"][m]]
+    rows = [[m, T, *[f"{fmt_seconds(by[d]['seconds'][m][T])} / {fmt_seconds(by[d]['cpu_seconds'][m][T])}"
+                     for d in dtypes],
+             *[f"{fmt_ratio(result['dtype_ratios'][d][m][T])} / "
+               f"{fmt_ratio(by[d]['cpu_seconds'][m][T] / by[first]['cpu_seconds'][m][T])}" for d in dtypes[1:]]]
+            for m, T in keys]
+    lines = ["# Generation speed by precision", "",
+             "Every contender in every precision timed in the same interleaved rounds (wall / CPU time, medians). "
+             + "; ".join(f"{d}: {by[d]['precision_why']}" for d in dtypes) + ".", "",
+             markdown_table(["contender", "T", *[f"{d} (wall / CPU)" for d in dtypes],
+                             *[f"{d} ÷ {first} (wall / CPU)" for d in dtypes[1:]]], rows), ""]
+    for d in dtypes:
+        lines += [f"## In {by[d]['precision']} ({d})", "", _one_precision(by[d]).split("\n", 1)[1].lstrip(), ""]
+    return "\n".join(lines).rstrip()
+
+
+def _one_precision(result: dict[str, Any]) -> str:
     methods = [m for m in result["methods"] if m not in ("gpt", "hf-gpt2")]
     size, env = result["size"], result["environment"]
     columns = [(key, label) for key, label in PER_T if all(m in result["methods"] for m in key.split("/"))]
@@ -83,7 +106,8 @@ def to_markdown(result: dict[str, Any]) -> str:
         f"median of {result['repeats']} interleaved runs (runs over {result['long_run_s']:g} s are not repeated), "
         f"sampling with top-p {result['top_p']:g}, temperature {result['temperature']:g}. Models of equal size: "
         f"{size['n_layer']} layers, width {size['n_embd']}, {size['n_head']} heads, vocabulary {size['vocab_size']}"
-        f" ({'checkpoints: ' + ', '.join(result['checkpoints']) if result['checkpoints'] else 'random weights'}).",
+        f" ({'checkpoints: ' + ', '.join(result['checkpoints']) if result['checkpoints'] else 'random weights'})"
+        + (f", weights in {result['precision']} ({result['precision_why']})." if "precision" in result else "."),
         describe_environment(env),
         "",
         markdown_table(headers, rows),

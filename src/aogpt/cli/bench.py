@@ -56,6 +56,9 @@ def add_parser(subparsers: Any) -> None:
                    help="measurements whose first run takes longer than S seconds are not repeated (default 20)")
     size_flags(g)
     run_flags(g)
+    g.add_argument("--dtype", default="auto", metavar="P,P,...",
+                   help="the models' precision, several timed side by side: auto, fp32, bf16 (default auto: bf16 "
+                   "where the hardware has bf16 units)")
     g.set_defaults(func=run_generate)
 
     d = sub.add_parser("density", help="cost of one exact likelihood: decoder 1 pass vs encoder n passes",
@@ -187,15 +190,18 @@ def run_generate(args: argparse.Namespace) -> int:
         else list(bg.DEFAULT_METHODS)
     n = _pick(args.n, q, "n", 256, args.quick)
     repeats = _pick(args.repeats, q, "repeats", 3, args.quick)
-    total = repeats * sum(len(steps) if bg.METHODS[m].every_t else 1 for m in methods)
+    from aogpt.bench.train_step import parse_dtypes
+
+    dtypes = parse_dtypes(args.dtype)
+    total = repeats * len(dtypes) * sum(len(steps) if bg.METHODS[m].every_t else 1 for m in methods)
     bar, update = progress_bar(total, args, "bench generate")
     try:
         result = bg.bench_generate(
             n=n, batch=_pick(args.batch, q, "batch", 8, args.quick), steps=steps, size=_size(args, q["size"]),
             methods=methods, repeats=repeats, long_run=args.long_run, top_p=args.top_p, temperature=args.temperature,
             device=args.device, seed=args.seed,
-            checkpoints=parse_checkpoints(args.checkpoint, ("aogpt", "gpt", "encoder-mdm")), out=args.out,
-            progress=update)
+            checkpoints=parse_checkpoints(args.checkpoint, ("aogpt", "gpt", "encoder-mdm")), dtypes=dtypes,
+            out=args.out, progress=update)
     finally:
         bar.close()
     from aogpt.bench.generate_report import to_markdown
