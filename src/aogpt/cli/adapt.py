@@ -9,7 +9,8 @@ from typing import Any
 from aogpt.cli.common import add_common, emit_json, path_arg
 from aogpt.config import ModelConfig
 
-HELP = "turn a pretrained left-to-right decoder (transformers GPT-2, Llama, Qwen2, or a gpt run) into an any-order model"
+HELP = ("turn a pretrained left-to-right decoder (transformers GPT-2, Llama, Qwen2, or a gpt run) into an "
+        "any-order model")
 
 
 def add_parser(subparsers: Any) -> None:
