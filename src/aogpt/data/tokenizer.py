@@ -297,7 +297,7 @@ class BPETokenizer(Tokenizer):
 def parse_spec(spec: str) -> tuple[str, int | None]:
     """``"bpe:4096"`` -> ``("bpe", 4096)``; ``"gpt2"`` -> ``("gpt2", None)``; else a user error."""
     s = str(spec).strip()
-    if s in ("gpt2", "bytes"):
+    if s in ("gpt2", "bytes", "hf"):  # hf: a pretrained model's own tokenizer (aogpt.data.pretrained_tokenizer)
         return s, None
     m = re.fullmatch(r"bpe:(\d+)", s)
     if m and 258 <= int(m.group(1)) <= 1_000_000:
@@ -336,6 +336,13 @@ def load_tokenizer(spec: str, directory: Path | None = None) -> Tokenizer:
         return GPT2Tokenizer()
     if kind == "bytes":
         return ByteTokenizer()
+    if kind == "hf":
+        from aogpt.data.pretrained_tokenizer import PretrainedTokenizer
+
+        if directory is None:
+            raise AOGPTError("the hf tokenizer is read from a checkpoint's tokenizer folder",
+                             "pass the checkpoint (made by aogpt adapt)")
+        return PretrainedTokenizer.load(Path(directory))
     path = Path(directory) / TOKENIZER_FILE if directory is not None else None
     if path is None or not path.is_file():
         where = f" in {directory}" if directory is not None else ""
