@@ -145,6 +145,8 @@ class TrainConfig:
     init_target_std: float = bounded(0.0, ge=0, le=100)  # > 0: target-position tables drawn with this std
     init_modulation_std: float = bounded(0.0, ge=0, le=10)  # > 0: adaLN weights drawn with this std (not zero)
     init_open_gates: bool = False  # adaLN gates start at 1 (every block works from step 0), not at 0
+    # The first N steps train the target pathway only, the rest of the model (an adapted backbone) held fixed.
+    freeze_backbone_steps: int = bounded(0, ge=0, le=STEPS_MAX)
     eval_interval: int = bounded(100, ge=1, le=STEPS_MAX)
     eval_batches: int = bounded(8, ge=1, le=10**6)
     eval_orders_seed: int = bounded(1234, ge=0, le=SEED_MAX)

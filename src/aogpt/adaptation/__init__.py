@@ -24,7 +24,7 @@ VARIANTS = ("aogpt", "sigma")
 
 
 def adapt(source: str | Path, variant: str = "aogpt", out: str | Path | None = None, *, target_dim: int = 128,
-          seed: int = 0, overwrite: bool = False) -> Any:
+          block_size: int | None = None, seed: int = 0, overwrite: bool = False) -> Any:
     """The any-order model made from `source` (`aogpt.checkpoint.Loaded`: model, tokenizer, config).
 
     source: a folder holding a `transformers` causal LM (GPT-2, Llama, Qwen2 and models of their
@@ -32,7 +32,8 @@ def adapt(source: str | Path, variant: str = "aogpt", out: str | Path | None = N
     run or checkpoint. variant: ``aogpt`` (adaLN in every block) or ``sigma`` (the target position
     added at the input). target_dim: the width of AO-GPT's target-position table. out: a checkpoint
     directory to write (refused if it exists unless `overwrite`). seed: draws the target table (the
-    rest is the source's or zero).
+    rest is the source's or zero). block_size: a shorter context than the source's (its position
+    and target tables cut to it), for fine-tuning on shorter windows.
     """
     from aogpt.checkpoint import Loaded, save
     from aogpt.errors import AOGPTError, check_choice
@@ -41,6 +42,14 @@ def adapt(source: str | Path, variant: str = "aogpt", out: str | Path | None = N
     if out is not None and Path(out).exists() and not overwrite:
         raise AOGPTError(f"{out} already exists", "choose a new --out, or pass --overwrite")
     src = read_source(source)
+    if block_size is not None:
+        have = src.backbone["block_size"]
+        if not 1 <= block_size <= have:
+            raise AOGPTError(f"block size {block_size} is not within the source's context of {have} tokens "
+                             "(after the start slot)", f"pass --block-size between 1 and {have}")
+        src.backbone["block_size"] = block_size
+        if "transformer.wpe.weight" in src.state:
+            src.state["transformer.wpe.weight"] = src.state["transformer.wpe.weight"][:block_size + 1].clone()
     model = build(src, variant, target_dim=target_dim, seed=seed)
     extra = {"adapted_from": {"source": str(source), "kind": src.kind, "start": src.start_note}}
     if out is not None:

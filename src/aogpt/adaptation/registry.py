@@ -86,9 +86,20 @@ def _read_transformers(source: str | Path) -> Source:
     if arch not in readers:
         raise AOGPTError(f"architecture {arch} of {source} is not supported", f"adapt one of: {', '.join(SUPPORTED)}")
     tokenizer = _hf_tokenizer(source)
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int) and len(tokenizer) > vocab:  # before the weights are read
+        raise AOGPTError(f"{source}: the tokenizer has {len(tokenizer)} tokens but the model embeds only {vocab}",
+                         "use the tokenizer the model was trained with")
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
-    model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # no loading bar between our lines
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     return readers[arch](model, tokenizer, source)
 
 

@@ -31,6 +31,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--out", type=path_arg, required=True, metavar="DIR", help="checkpoint directory to write")
     p.add_argument("--target-dim", type=config_arg(ModelConfig, "target_dim"), default=128,
                    help="width of AO-GPT's target-position table (default 128)")
+    p.add_argument("--block-size", type=config_arg(ModelConfig, "block_size"), default=None,
+                   help="a shorter context than the source's (default: the source's, less the start slot)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint at --out")
     add_common(p)
     p.set_defaults(func=run)
@@ -39,7 +41,8 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from aogpt.adaptation import adapt
 
-    loaded = adapt(args.source, args.variant, args.out, target_dim=args.target_dim, seed=args.seed,
+    loaded = adapt(args.source, args.variant, args.out, target_dim=args.target_dim,
+                   block_size=args.block_size, seed=args.seed,
                    overwrite=args.overwrite)
     cfg = loaded.config
     params = loaded.model.num_params()

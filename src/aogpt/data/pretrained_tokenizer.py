@@ -93,4 +93,9 @@ class PretrainedTokenizer(Tokenizer):
         from aogpt.io import atomic_write_text
 
         atomic_write_text(Path(directory) / TOKENIZER_FILE, self.to_json())
+        self.save_meta(directory)
+
+    def save_meta(self, directory: Path) -> None:
+        from aogpt.io import atomic_write_text
+
         atomic_write_text(Path(directory) / META_FILE, json.dumps({"eot_id": self.eot_id}))

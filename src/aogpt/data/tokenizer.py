@@ -365,6 +365,22 @@ def load_tokenizer(spec: str, directory: Path | None = None) -> Tokenizer:
     return tok
 
 
+def checkpoint_tokenizer(path: Path) -> Tokenizer:
+    """The tokenizer a checkpoint directory (or a run's newest checkpoint) carries, e.g. the pretrained
+    model's own one that `aogpt adapt` stored; a user error if it records none."""
+    from aogpt.io import read_json
+
+    path = Path(path)
+    found = sorted(p for p in path.glob("ckpt-*") if (p / "config.json").is_file())
+    ckpt = path if (path / "config.json").is_file() else found[-1] if found else path
+    config = read_json(ckpt / "config.json", what="checkpoint config") if (ckpt / "config.json").is_file() else {}
+    spec = config.get("tokenizer") if isinstance(config, dict) else None
+    if not isinstance(spec, str) or not spec:
+        raise AOGPTError(f"{path} is not a checkpoint that records a tokenizer",
+                         "pass a tokenizer spec (gpt2, bytes, bpe:N) or a checkpoint made by aogpt adapt or train")
+    return load_tokenizer(spec, ckpt / "tokenizer")
+
+
 def tokenizer_info(tok: Tokenizer) -> dict[str, Any]:
     """The tokenizer fields recorded in meta.json."""
     return {
