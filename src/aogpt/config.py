@@ -28,6 +28,8 @@ from aogpt.validation import SEED_MAX, bounded, check_ranges
 # every block), per-block (a separate table per block), adaln (AO-GPT: adaptive norm in every block).
 TARGET_INJECTIONS = ("none", "input", "input-concat", "every-block", "per-block", "adaln")
 NORMS = ("layernorm", "rmsnorm")
+POSITIONS = ("learned", "rotary")
+MLPS = ("gelu", "gelu-tanh", "swiglu")
 
 
 @dataclass
@@ -51,10 +53,24 @@ class ModelConfig:
     tie_head: bool = False
     head_bias: bool = True
     pos_init: str = "normal"  # initial position tables: "normal" (GPT-2) or "sinusoidal" (scaled to std 0.02)
+    # The backbone's switches beyond AO-GPT's own blocks (`aogpt.backbone`): what pretrained decoders use
+    # (GPT-2: layernorm, gelu-tanh; Llama family: rotary positions, swiglu, grouped-query attention, no biases).
+    positions: str = "learned"  # learned tables (wpe), or rotary: queries and keys rotated by each slot's position
+    rope_theta: float = bounded(10000.0, gt=0, le=1e12)  # rotary base
+    mlp: str = "gelu"  # gelu (exact), gelu-tanh, or swiglu
+    mlp_hidden: int = bounded(0, ge=0, le=2**20)  # the MLP's inner width; 0: 4 * n_embd
+    n_kv_head: int = bounded(0, ge=0, le=1024)  # key/value heads (grouped-query attention); 0: n_head
+    qkv_bias: bool | None = None  # biases of the q/k/v projection; None: as `bias`
+    mlp_bias: bool | None = None  # biases of the MLP; None: as `bias`
 
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: `n_kv_head`, or one per query head."""
+        return self.n_kv_head or self.n_head
 
     @property
     def causal(self) -> bool:
@@ -67,6 +83,13 @@ class ModelConfig:
         check_choice("target", self.target, TARGET_INJECTIONS)
         check_choice("norm", self.norm, NORMS)
         check_choice("pos_init", self.pos_init, ("normal", "sinusoidal"))
+        check_choice("positions", self.positions, POSITIONS)
+        check_choice("mlp", self.mlp, MLPS)
+        if self.n_head % self.kv_heads:
+            raise AOGPTError(f"n_head {self.n_head} is not a multiple of n_kv_head {self.n_kv_head}", "change one")
+        if self.positions == "rotary" and (self.head_dim % 2 or self.target == "input-concat"):
+            raise AOGPTError("rotary positions need an even head size and a target injection other than "
+                             "input-concat", "use positions learned")
         if self.n_embd % self.n_head:
             raise AOGPTError(f"n_embd {self.n_embd} is not divisible by n_head {self.n_head}", "change one")
         reads_target = family(self.variant).target_position
@@ -122,6 +145,8 @@ class TrainConfig:
     init_target_std: float = bounded(0.0, ge=0, le=100)  # > 0: target-position tables drawn with this std
     init_modulation_std: float = bounded(0.0, ge=0, le=10)  # > 0: adaLN weights drawn with this std (not zero)
     init_open_gates: bool = False  # adaLN gates start at 1 (every block works from step 0), not at 0
+    # The first N steps train the target pathway only, the rest of the model (an adapted backbone) held fixed.
+    freeze_backbone_steps: int = bounded(0, ge=0, le=STEPS_MAX)
     eval_interval: int = bounded(100, ge=1, le=STEPS_MAX)
     eval_batches: int = bounded(8, ge=1, le=10**6)
     eval_orders_seed: int = bounded(1234, ge=0, le=SEED_MAX)
@@ -257,11 +282,14 @@ def apply_overrides(obj: Any, values: dict[str, Any], where: str) -> Any:
 
 
 def _coerce(key: str, value: Any, hint: Any, where: str) -> Any:
+    hint_in = hint
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):  # only `X | None` style hints occur here
         hint = next(h for h in typing.get_args(hint) if h is not type(None))
         origin = typing.get_origin(hint)
     target = origin or hint
+    if value is None and type(None) in typing.get_args(hint_in):
+        return None
     if target is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if target is bool and not isinstance(value, bool) or target is not bool and isinstance(value, bool):

@@ -29,82 +29,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from aogpt.backbone import (  # noqa: F401 (RMSNorm, LayerNorm, rms_norm: their old import path)
+    MLP,
+    LayerNorm,
+    RMSNorm,
+    _RMSNormFunction,
+    apply_rotary,
+    fold_affine,
+    make_norm,
+    rms_norm,
+    rotary_tables,
+)
 from aogpt.config import ModelConfig
 from aogpt.errors import AOGPTError
 from aogpt.functional import token_nll
 from aogpt.kv_cache import Conditions, KVCache, PackedSlots
-
-
-class _RMSNormFunction(torch.autograd.Function):
-    """RMSNorm with a hand-written backward: on CPU, 2-4x faster than autograd through
-    `F.rms_norm`'s decomposition (AO-GPT has four RMSNorms per block)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-        y = xf * r
-        ctx.save_for_backward(y, r, weight)
-        return (y if weight is None else y * weight).to(x.dtype)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        y, r, weight = ctx.saved_tensors
-        grad = grad.to(y.dtype)
-        grad_x = grad_w = None
-        if ctx.needs_input_grad[0]:
-            gy = grad if weight is None else grad * weight
-            grad_x = r * (gy - y * (gy * y).mean(-1, keepdim=True))
-        if weight is not None and ctx.needs_input_grad[1]:
-            grad_w = (grad * y).flatten(0, -2).sum(0).to(weight.dtype)
-        return grad_x, grad_w, None
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    if x.is_cuda:
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
-    if not torch.is_grad_enabled():
-        d = x.shape[-1]
-        w = None if weight is None else torch.cat([weight, weight])
-        return F.layer_norm(torch.cat([x, -x], -1), (2 * d,), w, None, eps)[..., :d]
-    return _RMSNormFunction.apply(x, weight, eps)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-5):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.bias = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
-
-    def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        """Without the affine part (adaLN folds the weight into its per-position scale)."""
-        return rms_norm(x, None, self.eps)
-
-
-class LayerNorm(nn.LayerNorm):
-    def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.normalized_shape, None, None, self.eps)
-
-
-def make_norm(cfg: ModelConfig, dim: int) -> nn.Module:
-    if cfg.norm == "rmsnorm":
-        return RMSNorm(dim, cfg.norm_eps)
-    return LayerNorm(dim, eps=cfg.norm_eps, bias=cfg.bias)
-
-
-def fold_affine(norm: nn.Module, shift: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(shift', scale') with norm(x) * (1 + scale) + shift == normalize(x) * scale' + shift'.
-
-    adaLN modulates a norm's output; folding the norm's own weight and bias into the per-position
-    modulation leaves one fused multiply-add per slot and channel instead of three.
-    """
-    factor = 1 + scale
-    new_shift = shift if norm.bias is None else torch.addcmul(shift, norm.bias, factor)
-    return new_shift, factor * norm.weight
 
 
 def sinusoids(n: int, dim: int, std: float) -> torch.Tensor:
@@ -124,27 +63,37 @@ def embed_target(table: nn.Embedding, target: torch.Tensor) -> torch.Tensor:
 
 
 class SelfAttention(nn.Module):
+    """Causal (or full) self-attention with the fused projection ``c_attn`` = [q; k; v]. With
+    grouped-query attention (``n_kv_head`` < ``n_head``) k and v have fewer heads, each shared by
+    ``n_head / n_kv_head`` query heads (repeated before attention; the KV cache holds them repeated)."""
+
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         d = cfg.n_embd
-        self.c_attn = nn.Linear(d, 3 * d, bias=cfg.bias)
+        self.n_head, self.n_kv_head = cfg.n_head, cfg.kv_heads
+        self.split = (d, self.n_kv_head * cfg.head_dim, self.n_kv_head * cfg.head_dim)
+        self.c_attn = nn.Linear(d, sum(self.split), bias=cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias)
         self.c_proj = nn.Linear(d, d, bias=cfg.bias)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
         self.qk_norm = cfg.qk_norm
-        self.n_head = cfg.n_head
         self.causal = cfg.causal
         self.dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.layer_idx = layer_idx
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, cache: KVCache | None,
-                cache_pos: int | torch.Tensor | PackedSlots | None = None) -> torch.Tensor:
+                cache_pos: int | torch.Tensor | PackedSlots | None = None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         B, S, d = x.shape
-        q, k, v = (t.view(B, S, self.n_head, -1).transpose(1, 2) for t in self.c_attn(x).split(d, dim=2))
+        q, k, v = (t.view(B, S, -1, d // self.n_head).transpose(1, 2) for t in self.c_attn(x).split(self.split, dim=2))
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rotary(q, rope), apply_rotary(k, rope)
+        if self.n_kv_head != self.n_head:
+            k, v = (t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in (k, v))
         if cache is not None:
             y = cache.attend(self.layer_idx, q, k, v, cache_pos, attn_mask)
         else:
@@ -152,18 +101,6 @@ class SelfAttention(nn.Module):
                                                dropout_p=self.dropout if self.training else 0.0,
                                                is_causal=self.causal and attn_mask is None)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, S, d)))
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
-        self.gelu = nn.GELU()
-        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.dropout = nn.Dropout(cfg.dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
 
 
 class Block(nn.Module):
@@ -192,17 +129,18 @@ class Block(nn.Module):
                           *fold_affine(self.ln_2, shift_m, scale_m), gate_m], dim=-1)
 
     def forward(self, x: torch.Tensor, cond: torch.Tensor | None, attn_mask: torch.Tensor | None,
-                cache: KVCache | None, cache_pos: int | torch.Tensor | PackedSlots | None = None) -> torch.Tensor:
+                cache: KVCache | None, cache_pos: int | torch.Tensor | PackedSlots | None = None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         if callable(cond):
             cond = cond(self)
         if not self.adaptive:
             if cond is not None:
                 x = x + cond
-            x = x + self.attn(self.ln_1(x), attn_mask, cache, cache_pos)
+            x = x + self.attn(self.ln_1(x), attn_mask, cache, cache_pos, rope)
             return x + self.mlp(self.ln_2(x))
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = cond.chunk(6, dim=-1)
         h = torch.addcmul(shift_a, self.ln_1.normalize(x), scale_a)
-        x = torch.addcmul(x, gate_a, self.attn(h, attn_mask, cache, cache_pos))
+        x = torch.addcmul(x, gate_a, self.attn(h, attn_mask, cache, cache_pos, rope))
         h = torch.addcmul(shift_m, self.ln_2.normalize(x), scale_m)
         return torch.addcmul(x, gate_m, self.mlp(h))
 
@@ -230,10 +168,9 @@ class Transformer(nn.Module):
         cfg.validate()
         self.config = cfg
         d, concat = cfg.n_embd, cfg.target == "input-concat"
-        parts: dict[str, nn.Module] = {
-            "wte": nn.Embedding(cfg.vocab_size, d),
-            "wpe": nn.Embedding(cfg.block_size + 1, d // 2 if concat else d),
-        }
+        parts: dict[str, nn.Module] = {"wte": nn.Embedding(cfg.vocab_size, d)}
+        if cfg.positions == "learned":  # rotary positions rotate queries and keys instead (`aogpt.backbone`)
+            parts["wpe"] = nn.Embedding(cfg.block_size + 1, d // 2 if concat else d)
         if cfg.target in ("input", "every-block", "input-concat"):
             parts["wtpe"] = nn.Embedding(cfg.block_size, d // 2 if concat else d)
         elif cfg.target == "adaln":
@@ -279,7 +216,8 @@ class Transformer(nn.Module):
         if self.config.pos_init == "sinusoidal":
             tr = self.transformer
             with torch.no_grad():
-                tr.wpe.weight[1:].copy_(sinusoids(tr.wpe.weight.shape[0] - 1, tr.wpe.weight.shape[1], std))
+                if "wpe" in tr:
+                    tr.wpe.weight[1:].copy_(sinusoids(tr.wpe.weight.shape[0] - 1, tr.wpe.weight.shape[1], std))
                 tables = [tr.wtpe] if "wtpe" in tr else []
                 tables += [b.wtpe for b in tr.h if hasattr(b, "wtpe")]
                 for table in tables:
@@ -292,7 +230,7 @@ class Transformer(nn.Module):
 
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
-        if non_embedding:
+        if non_embedding and "wpe" in self.transformer:
             n -= self.transformer.wpe.weight.numel()
         return n
 
@@ -303,7 +241,7 @@ class Transformer(nn.Module):
         tok = torch.where((tokens < 0).unsqueeze(-1), tr.wnonee.weight, tok)
         if self.config.target == "input-concat":
             return tok + torch.cat([tr.wpe(pos), embed_target(tr.wtpe, target)], dim=-1)
-        x = tok + tr.wpe(pos)
+        x = tok + tr.wpe(pos) if "wpe" in tr else tok
         if self.config.target == "input":
             x = x + embed_target(tr.wtpe, target)
         return x
@@ -364,8 +302,10 @@ class Transformer(nn.Module):
                 raise AOGPTError("a forward with a KV cache needs cache_pos (where its keys go)", "pass cache_pos")
             conditions = conditions if conditions is not None else cache.conditions
         x = self.transformer.drop(self.embed(tokens, pos, target))
+        cfg = self.config
+        rope = rotary_tables(pos, cfg.head_dim, cfg.rope_theta) if cfg.positions == "rotary" else None
         for block, cond in zip(self.transformer.h, self._block_conditions(target, conditions), strict=True):
-            x = block(x, cond, attn_mask, cache, cache_pos)
+            x = block(x, cond, attn_mask, cache, cache_pos, rope)
         if select is not None:
             x = x.gather(1, select.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
             target = target.gather(1, select)

@@ -315,6 +315,18 @@ CASES: list[tuple[list[str], str]] = [
     (["bench", "serve", "--checkpoint", "{run}", "--max-tokens", "500", "--out", "{t}/b"],
      "--max-tokens 500 exceeds the model's context of 32"),
     (["bench", "serve", "--checkpoint", "{s}/nothing-here", "--out", "{t}/b"], "does not exist"),
+    # --- adapt: only causal decoders of a supported family, with a tokenizer that fits; nothing written
+    (["adapt", "--from", "{s}/nothing-here", "--out", "{t}/a"], "does not exist"),
+    (["adapt", "--from", "{s}/a-file", "--out", "{t}/a"], "does not exist"),
+    (["adapt", "--from", "{run}", "--out", "{t}/a"], "reads any order already"),
+    (["adapt", "--from", "{s}/hf-bert", "--out", "{t}/a"], "is not a causal (left-to-right) language model"),
+    (["adapt", "--from", "{s}/hf-neox", "--out", "{t}/a"], "architecture GPTNeoXForCausalLM"),
+    (["adapt", "--from", "{s}/hf-llama-gpt2-tokenizer", "--out", "{t}/a"], "the tokenizer has 50257 tokens"),
+    (["adapt", "--from", "{s}/hf-llama-no-tokenizer", "--out", "{t}/a"], "has no tokenizer that loads"),
+    (["adapt", "--from", "{s}/imported", "--out", "{s}"], "already exists"),
+    (["adapt", "--from", "{run}", "--variant", "gpt", "--out", "{t}/a"], "invalid choice"),
+    (["adapt", "--from", "{run}", "--out", "{t}/a", "--block-size", "0"], "argument --block-size"),
+    (["bench", "adapt", "--cpu-seconds", "-1", "--out", "{t}/b"], "argument --cpu-seconds"),
 ]
 
 
@@ -367,7 +379,24 @@ def sandbox(tmp_path_factory, bytes_data, tiny_run) -> Path:
     _copy_checkpoint(ckpt, s / "cfg-not-json", "{not json")
     loaded = aogpt.load(tiny_run)
     aogpt.save(loaded.model, s / "imported", tokenizer=loaded.tokenizer, step=6)
+    _foreign_models(s)
     return s
+
+
+def _foreign_models(s: Path) -> None:
+    """transformers folders that `aogpt adapt` refuses (configs are enough where it refuses before the weights)."""
+    from transformers import BertConfig, GPTNeoXConfig
+
+    from tests.adaptation.conftest import _fast_tokenizer, make_hf
+
+    BertConfig(architectures=["BertForMaskedLM"], num_hidden_layers=1, hidden_size=8, num_attention_heads=2,
+               intermediate_size=8).save_pretrained(s / "hf-bert")
+    GPTNeoXConfig(architectures=["GPTNeoXForCausalLM"], num_hidden_layers=1, hidden_size=8, num_attention_heads=2,
+                  intermediate_size=8).save_pretrained(s / "hf-neox")
+    llama = make_hf(s, "llama")
+    shutil.copytree(llama, s / "hf-llama-no-tokenizer", ignore=shutil.ignore_patterns("tokenizer*", "special*"))
+    llama.rename(s / "hf-llama-gpt2-tokenizer")
+    _fast_tokenizer("gpt2", True).save_pretrained(s / "hf-llama-gpt2-tokenizer")
 
 
 def snapshot(*roots: Path) -> dict[str, tuple[int, int, int]]:

@@ -45,6 +45,8 @@ BASES = {  # an invocation that is valid on its own; the random options are adde
     "bench adaptive": ["bench", "adaptive", "--quick", "--no-text", "--out", "{t}/b", "--work", "{t}/w",
                        "--no-progress"],
     "bench recipe": ["bench", "recipe", "--quick", "--data-root", "{t}/d", "--out", "{t}/b", "--no-progress"],
+    "bench adapt": ["bench", "adapt", "--quick", "--data-root", "{t}/d", "--out", "{t}/b", "--no-progress"],
+    "adapt": ["adapt", "--from", "{run}", "--out", "{t}/a"],
     "reproduce": ["reproduce", "--quick", "--out", "{t}/rep", "--no-progress"],
     "compare": ["compare", "{run}", "{run}", "--out", "{t}/cmp"],
     "harness": ["harness", "--checkpoint", "{run}", "--tasks", "aogpt_last_word", "--include-path", "{harness}"],
@@ -79,6 +81,8 @@ STAND_INS = [  # where each command's work begins, after every check
     "aogpt.reproduce.pipeline.prepare_data",
     "aogpt.bench.recipe.sweep",
     "aogpt.bench.recipe.thread_speedup",
+    "aogpt.bench.adapt.run",
+    "aogpt.adaptation.read_source",  # adapt
     "aogpt.hf.harness.AOGPTLM",
     "aogpt.serve.engine.Engine",  # serve
     "aogpt.bench.serve.bench_serve",

@@ -14,7 +14,8 @@ import sys
 
 from aogpt.errors import AOGPTError
 
-COMMANDS = ["prepare", "train", "sample", "eval", "bench", "convert", "harness", "compare", "reproduce", "serve"]
+COMMANDS = ["prepare", "train", "adapt", "sample", "eval", "bench", "convert", "harness", "compare", "reproduce",
+            "serve"]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from aogpt.cli.common import add_common, emit_json, finite_float, int_arg, path_arg, positive_int
 
@@ -40,7 +41,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--corpus", default="shakespeare", metavar="NAME|PATH", help="what to tokenize (default shakespeare)"
     )
     p.add_argument("--tokenizer", default=None, metavar="SPEC",
-                   help="gpt2, bytes or bpe:N (default bpe:4096; bytes for synthetic corpora)")
+                   help="gpt2, bytes or bpe:N (default bpe:4096; bytes for synthetic corpora), or a checkpoint "
+                   "directory whose tokenizer to use (e.g. one written by aogpt adapt)")
     p.add_argument("--out", type=path_arg, default=None, metavar="DIR",
                    help="output directory (default data/<corpus>-<tokenizer>)")
     p.add_argument(
@@ -101,8 +103,10 @@ def run(args: argparse.Namespace) -> int:
     from aogpt.data.tokenizer import DEFAULT_TOKENIZER, normalize_spec
 
     default = "bytes" if args.corpus.startswith(SYNTHETIC) else DEFAULT_TOKENIZER  # one token per cell
-    spec = normalize_spec(args.tokenizer or default)
-    out = args.out or default_out_dir(args.corpus, spec)
+    given = args.tokenizer or default
+    from_checkpoint = Path(given).expanduser().is_dir()
+    spec = given if from_checkpoint else normalize_spec(given)
+    out = args.out or default_out_dir(args.corpus, Path(given).name if from_checkpoint else spec)
     meta = prepare(
         args.corpus,
         spec,

@@ -74,6 +74,7 @@ from aogpt.data.shards import (
 )
 from aogpt.data.tokenizer import (
     Tokenizer,
+    checkpoint_tokenizer,
     count_bytes,
     load_tokenizer,
     normalize_spec,
@@ -193,7 +194,9 @@ def prepare(
     and ``resumed_documents`` to what meta.json holds.
     """
     start = time.perf_counter()
-    spec = normalize_spec(tokenizer_spec)
+    path = Path(tokenizer_spec).expanduser()  # a checkpoint's own tokenizer (a pretrained model's), or a spec
+    given = checkpoint_tokenizer(path) if path.is_dir() else None
+    spec = given.spec if given is not None else normalize_spec(tokenizer_spec)
     kind, n = parse_spec(spec)
     out = Path(out).expanduser()
     _check_out(out)
@@ -201,16 +204,8 @@ def prepare(
         raise AOGPTError(f"--workers must be at least 1, got {workers}", "pass a positive number")
     if shard_tokens < 1:
         raise AOGPTError(f"--shard-tokens must be at least 1, got {shard_tokens}", "pass e.g. 100000000")
-    settings = {
-        "corpus": corpus,
-        "tokenizer": spec,
-        "seed": seed,
-        "max_docs": max_docs,
-        "val_fraction": val_fraction,
-        "val_docs": val_docs,
-        "options": dict(sorted(opts.items())),
-        "shard_tokens": shard_tokens,
-    }
+    settings = {"corpus": corpus, "tokenizer": spec, "seed": seed, "max_docs": max_docs, "val_fraction": val_fraction,
+                "val_docs": val_docs, "options": dict(sorted(opts.items())), "shard_tokens": shard_tokens}
     src = load_corpus(corpus, val_fraction=val_fraction, val_docs=val_docs, seed=seed, max_docs=max_docs, **opts)
     ensure_writable_dir(out.parent)
     with directory_lock(out, "aogpt prepare"):  # one writer per output (and its .partial directory)
@@ -227,11 +222,11 @@ def prepare(
         try:
             if state is not None and kind == "bpe":
                 tok = load_tokenizer(spec, work)  # trained before the interruption
-            elif kind == "bpe":
+            elif kind == "bpe" and given is None:
                 assert n is not None
                 tok = train_bpe(_capped(src.documents("train"), BPE_TRAIN_CHARS), n)
             else:
-                tok = load_tokenizer(spec)
+                tok = given or load_tokenizer(spec)
             tok.save(work)
             dtype = token_dtype(tok.vocab_size)
             if state is None:

@@ -297,7 +297,7 @@ class BPETokenizer(Tokenizer):
 def parse_spec(spec: str) -> tuple[str, int | None]:
     """``"bpe:4096"`` -> ``("bpe", 4096)``; ``"gpt2"`` -> ``("gpt2", None)``; else a user error."""
     s = str(spec).strip()
-    if s in ("gpt2", "bytes"):
+    if s in ("gpt2", "bytes", "hf"):  # hf: a pretrained model's own tokenizer (aogpt.data.pretrained_tokenizer)
         return s, None
     m = re.fullmatch(r"bpe:(\d+)", s)
     if m and 258 <= int(m.group(1)) <= 1_000_000:
@@ -336,6 +336,13 @@ def load_tokenizer(spec: str, directory: Path | None = None) -> Tokenizer:
         return GPT2Tokenizer()
     if kind == "bytes":
         return ByteTokenizer()
+    if kind == "hf":
+        from aogpt.data.pretrained_tokenizer import PretrainedTokenizer
+
+        if directory is None:
+            raise AOGPTError("the hf tokenizer is read from a checkpoint's tokenizer folder",
+                             "pass the checkpoint (made by aogpt adapt)")
+        return PretrainedTokenizer.load(Path(directory))
     path = Path(directory) / TOKENIZER_FILE if directory is not None else None
     if path is None or not path.is_file():
         where = f" in {directory}" if directory is not None else ""
@@ -356,6 +363,22 @@ def load_tokenizer(spec: str, directory: Path | None = None) -> Tokenizer:
             f"{path} has {tok.vocab_size} ids, more than bpe:{n} allows", "re-run aogpt prepare to recreate it"
         )
     return tok
+
+
+def checkpoint_tokenizer(path: Path) -> Tokenizer:
+    """The tokenizer a checkpoint directory (or a run's newest checkpoint) carries, e.g. the pretrained
+    model's own one that `aogpt adapt` stored; a user error if it records none."""
+    from aogpt.io import read_json
+
+    path = Path(path)
+    found = sorted(p for p in path.glob("ckpt-*") if (p / "config.json").is_file())
+    ckpt = path if (path / "config.json").is_file() else found[-1] if found else path
+    config = read_json(ckpt / "config.json", what="checkpoint config") if (ckpt / "config.json").is_file() else {}
+    spec = config.get("tokenizer") if isinstance(config, dict) else None
+    if not isinstance(spec, str) or not spec:
+        raise AOGPTError(f"{path} is not a checkpoint that records a tokenizer",
+                         "pass a tokenizer spec (gpt2, bytes, bpe:N) or a checkpoint made by aogpt adapt or train")
+    return load_tokenizer(spec, ckpt / "tokenizer")
 
 
 def tokenizer_info(tok: Tokenizer) -> dict[str, Any]:

@@ -47,7 +47,14 @@ class AOGPTConfig(PreTrainedConfig):
     tie_head: bool = _DEFAULT.tie_head
     head_bias: bool = _DEFAULT.head_bias
     pos_init: str = _DEFAULT.pos_init
-    tokenizer: str | None = None  # our tokenizer spec: gpt2, bpe:N or bytes (None: no tokenizer saved)
+    positions: str = _DEFAULT.positions
+    rope_theta: float = _DEFAULT.rope_theta
+    mlp: str = _DEFAULT.mlp
+    mlp_hidden: int = _DEFAULT.mlp_hidden
+    n_kv_head: int = _DEFAULT.n_kv_head
+    qkv_bias: bool | None = _DEFAULT.qkv_bias
+    mlp_bias: bool | None = _DEFAULT.mlp_bias
+    tokenizer: str | None = None  # our tokenizer spec: gpt2, bpe:N, bytes or hf (None: no tokenizer saved)
     weights: str | None = None  # which weights of the training run these are: "ema" or "raw"
     training_step: int = 0
     bos_token_id: int | None = None

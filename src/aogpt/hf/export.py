@@ -56,6 +56,8 @@ def export_hf(run: str | Path, out: str | Path, *, weights: str = "ema", overwri
             hf.save_pretrained(tmp)
             if loaded.tokenizer is not None:
                 to_hf_tokenizer(loaded.tokenizer, model_max_length=loaded.config.block_size).save_pretrained(tmp)
+                if loaded.tokenizer.spec == "hf":  # what `aogpt.load` of the folder reads besides tokenizer.json
+                    loaded.tokenizer.save_meta(tmp)
     finally:
         if progress_bars:
             hf_logging.enable_progress_bar()

@@ -47,7 +47,7 @@ def _byte_level(model: models.Model, pattern: str | None) -> BackendTokenizer:
 def backend_tokenizer(tokenizer: Tokenizer) -> BackendTokenizer:
     """The Hugging Face `tokenizers` pipeline that encodes like `tokenizer`."""
     kind, _ = parse_spec(tokenizer.spec)
-    if kind == "bpe":
+    if kind in ("bpe", "hf"):  # a Hugging Face tokenizer already (hf: a pretrained model's own)
         return BackendTokenizer.from_str(tokenizer.to_json())
     if kind == "bytes":
         vocab = {char: byte for byte, char in enumerate(_byte_alphabet())}
@@ -64,7 +64,9 @@ def to_hf_tokenizer(tokenizer: Tokenizer, model_max_length: int | None = None) -
     if not isinstance(tokenizer, Tokenizer):
         raise AOGPTError(f"{type(tokenizer).__name__} is not an aogpt tokenizer", "pass aogpt.load(path).tokenizer")
     extra: dict[str, Any] = {} if model_max_length is None else {"model_max_length": model_max_length}
-    hf = PreTrainedTokenizerFast(tokenizer_object=backend_tokenizer(tokenizer), eos_token=EOT_TEXT,
+    backend = backend_tokenizer(tokenizer)
+    eos = backend.id_to_token(tokenizer.eot_id) if tokenizer.spec == "hf" else EOT_TEXT  # hf: the source's own
+    hf = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=eos,
                                  split_special_tokens=True, clean_up_tokenization_spaces=False, **extra)
     if hf.eos_token_id != tokenizer.eot_id:
         raise AOGPTError(f"the {tokenizer.spec} tokenizer's end-of-text id {tokenizer.eot_id} did not carry over "

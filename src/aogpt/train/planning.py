@@ -297,6 +297,9 @@ def plan(out: Path | str, *, data: Path | str | None = None, preset: str | None 
                 )
             model_cfg = source
     family(model_cfg.variant).check_order(train_cfg.order)  # an order the variant can read
+    if train_cfg.freeze_backbone_steps and not family(model_cfg.variant).target_position:
+        raise AOGPTError(f"variant {model_cfg.variant} has no target pathway to train while the backbone is frozen",
+                         "drop freeze_backbone_steps, or train an any-order variant")
 
     data = None
     if data_dir is None:
@@ -307,9 +310,16 @@ def plan(out: Path | str, *, data: Path | str | None = None, preset: str | None 
     else:
         from aogpt.data import PreparedData
 
-        expected = read_config(resume_from).get("tokenizer") if resume_from else None
+        start = resume_from or (find_checkpoint(Path(train_cfg.init_from)) if train_cfg.init_from else None)
+        expected = read_config(start).get("tokenizer") if start else None
         data = PreparedData(Path(data_dir), expect_tokenizer=expected)
-        model_cfg = _fit_vocab(model_cfg, data, model_over, resume_from is not None)
+        if expected == "hf":  # a pretrained model's own tokenizer: the same one, not only the same kind
+            from aogpt.data.tokenizer import checkpoint_tokenizer
+
+            if checkpoint_tokenizer(start).to_json() != data.tokenizer.to_json():
+                raise AOGPTError(f"{data_dir} was prepared with another tokenizer than {start}'s",
+                                 f"prepare the data with `aogpt prepare --tokenizer {start}`")
+        model_cfg = _fit_vocab(model_cfg, data, model_over, start is not None)
         for split in ("train", "val"):
             if data.num_tokens(split) < model_cfg.block_size:
                 raise AOGPTError(

@@ -127,6 +127,11 @@ class OptimizerStep:
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
         total = self._accumulate(idx_all, order_all, order_gen)
+        if step < self.cfg.freeze_backbone_steps:  # only the target pathway learns: AdamW skips a None gradient
+            learning = {id(p) for p in unwrap(self.model).target_pathway().values()}
+            for p in self.model.parameters():
+                if id(p) not in learning:
+                    p.grad = None
         grad_norm = (
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
             if self.cfg.grad_clip > 0

@@ -14,7 +14,9 @@ from aogpt.config import ModelConfig
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     """Training FLOPs per token (forward + backward): 6 x weights used in matmuls + attention."""
     d, L = cfg.n_embd, cfg.n_layer
-    per_block = 12 * d * d + (6 * d * cfg.target_dim if cfg.target == "adaln" else 0)
+    kv, hidden = cfg.kv_heads * cfg.head_dim, cfg.mlp_hidden or 4 * d  # 12 d^2 per block for AO-GPT's own blocks
+    mlp = (3 if cfg.mlp == "swiglu" else 2) * d * hidden
+    per_block = 2 * d * d + 2 * d * kv + mlp + (6 * d * cfg.target_dim if cfg.target == "adaln" else 0)
     matmul_params = L * per_block + d * cfg.vocab_size
     return 6 * matmul_params + 12 * L * d * seq_len
 

@@ -1,0 +1,66 @@
+"""`aogpt adapt` end to end: a tiny Llama from `transformers` adapted, its tokenizer used to prepare
+data, fine-tuned with the backbone frozen at first, then sampled (random order, infilling,
+speculative), evaluated, exported to `transformers` and scored by the harness like any run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+import aogpt
+from aogpt.checkpoint import list_checkpoints, read_weights, weights_of
+from tests.adaptation.conftest import make_hf
+
+HARNESS = Path(__file__).resolve().parents[1] / "fixtures" / "harness"
+
+
+def test_adapted_llama_goes_through_every_command(cli, tmp_path, make_corpus):
+    src = make_hf(tmp_path, "llama")
+    adapted = tmp_path / "adapted"
+    res = cli("adapt", "--from", src, "--variant", "aogpt", "--out", adapted, "--json")
+    assert res.code == 0, res.err
+    assert res.json["kind"] == "LlamaForCausalLM" and "beginning-of-text token" in res.out
+    assert aogpt.load(adapted).tokenizer.spec == "hf"
+
+    data = tmp_path / "data"
+    res = cli("prepare", "--corpus", make_corpus(tmp_path / "corpus", docs=6, words=200), "--tokenizer", adapted,
+              "--out", data, "--no-progress")
+    assert res.code == 0, res.err
+
+    run = tmp_path / "run"
+    res = cli("train", "--preset", "tiny", "--variant", "aogpt", "--init-from", adapted, "--data", data, "--out", run,
+              "--max-steps", "2", "--batch-size", "2", "--set", "train.freeze_backbone_steps=2", "--no-progress")
+    assert res.code == 0, res.err
+    before = weights_of(read_weights(adapted), "raw")
+    after = weights_of(read_weights(list_checkpoints(run)[-1]), "raw")
+    pathway = {n for n in before if "wtpe" in n or "adaLN" in n}
+    assert all(torch.equal(before[n], after[n]) for n in before if n not in pathway)  # the backbone was frozen
+    assert any(not torch.equal(before[n], after[n]) for n in pathway)  # the target pathway learned
+
+    for extra in (["--order", "random"], ["--infill", "king [MASK:4] sea"], ["--speculative", "2"]):
+        res = cli("sample", "--checkpoint", run, "--length", "16", "--seed", "1", "--no-progress", *extra)
+        assert res.code == 0, (extra, res.err)
+    res = cli("eval", "--checkpoint", run, "--data", data, "--order", "random", "--json")
+    assert res.code == 0, res.err
+
+    from transformers import AutoModelForCausalLM
+
+    res = cli("export", run, "--format", "hf", "--out", tmp_path / "hf")
+    assert res.code == 0, res.err
+    ours = aogpt.load(run)
+    ids = torch.tensor([ours.tokenizer.encode("the king and the queen")])
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    logits, _ = ours.model(ids, with_last_slot=True)
+    torch.testing.assert_close(hf(ids).logits[:, :-1], logits[:, 1:-1], atol=1e-5, rtol=1e-5)
+    assert aogpt.load(tmp_path / "hf").tokenizer.encode("the king") == ours.tokenizer.encode("the king")
+
+    res = cli("harness", "--checkpoint", run, "--tasks", "aogpt_last_word", "--include-path", HARNESS)
+    assert res.code == 0, res.err
+
+
+def test_data_of_another_tokenizer_is_refused(cli, tmp_path, bytes_data):
+    adapted = tmp_path / "adapted"
+    assert cli("adapt", "--from", make_hf(tmp_path, "llama"), "--out", adapted).code == 0
+    res = cli("train", "--variant", "aogpt", "--init-from", adapted, "--data", bytes_data, "--out", tmp_path / "r")
+    assert res.code == 2 and "was prepared with tokenizer bytes, not hf" in res.err
