@@ -73,3 +73,17 @@ def test_the_any_order_start_ramps_from_left_to_right_to_the_runs_order():
     for order in ("l2r", "fixed-random:3", "blockwise:4", "mallows:inf"):
         assert any_order_start(order, 1800) == {}  # the target follows from the slot: nothing to learn
     train_config(None, "aogpt", **any_order_start("uniform", 24))  # short runs get a valid curriculum
+
+
+def test_a_presets_orders_apply_to_any_order_decoders_only():
+    """The quickstart preset's orders and curriculum are AO-GPT's recipe: a GPT or an encoder trained with
+    the same preset keeps its own order and no curriculum (a GPT must never read a Mallows ramp)."""
+    ao = train_config("quickstart", "aogpt")
+    assert ao.order == "mixture:0.3" and ao.curriculum.startswith("l2r@")
+    sigma = train_config("quickstart", "sigma")
+    assert sigma.curriculum == ao.curriculum
+    for variant, order in (("gpt", "l2r"), ("encoder-mdm", "uniform")):
+        cfg = train_config("quickstart", variant)
+        assert cfg.order == order and not cfg.curriculum
+        assert cfg.lr == ao.lr and cfg.lr_schedule == ao.lr_schedule  # the rest of the preset applies
+    assert train_config("quickstart", "gpt", order="l2r", curriculum="l2r@5").curriculum == "l2r@5"  # asked for

@@ -89,3 +89,14 @@ def test_resume_in_a_time_budgeted_run_continues_exactly(tmp_path, stop):
 def test_an_unknown_schedule_is_refused():
     with pytest.raises(AOGPTError, match="lr_schedule"):
         train_config(None, lr_schedule="linear")
+
+
+@pytest.mark.parametrize("variant, curriculum, message", [
+    ("gpt", "l2r@5,mallows:3..0.3@10", "reads left to right only"),  # a GPT has no target position
+    ("gpt", "uniform@5", "reads left to right only"),
+    ("encoder-mdm", "l2r@5", "draws its own masks"),
+])
+def test_a_curriculum_a_variant_cannot_read_is_refused(tmp_path, variant, curriculum, message):
+    order = "l2r" if variant == "gpt" else "uniform"
+    with pytest.raises(AOGPTError, match=message):
+        make(tmp_path, variant, curriculum=curriculum, order=order)

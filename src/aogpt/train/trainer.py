@@ -66,6 +66,9 @@ class Trainer:
             raise AOGPTError(f"variant {model_cfg.variant} draws its own masks, so an order curriculum does nothing",
                              "drop the curriculum (and l2r_first_steps)")
         for _, _, stage in self.orders.stages:
+            if isinstance(stage, tuple) and not self.family.any_order:  # a Mallows ramp is never left to right
+                raise AOGPTError(f"variant {model_cfg.variant} reads left to right only (a Mallows ramp in the "
+                                 "curriculum)", "drop the curriculum")
             if not isinstance(stage, tuple):
                 self.family.check_order(stage, " in the curriculum")
         self.schedule = LRSchedule(cfg)
