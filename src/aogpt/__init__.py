@@ -4,6 +4,7 @@ The public API, imported on first use (so ``import aogpt`` stays light):
 
     aogpt.Transformer, aogpt.ModelConfig, aogpt.model_config   the model and its config
     aogpt.load(path), aogpt.save(model, path)                  checkpoints (EMA weights by default)
+    aogpt.adapt(source, variant, out)                          a pretrained left-to-right model as an any-order one
     aogpt.generate(model, ...), aogpt.infill(model, tmpl, ...) sampling, with GenerationSettings
     aogpt.evaluate(model, data, order=...)                     exact NLLs, any-order bounds, ensembles
     aogpt.conditional_logprobs(model, x, context, targets)     log p(x_t | a context read in this order)
@@ -28,6 +29,7 @@ _EXPORTS = {
     "ModelConfig": "aogpt.config",
     "model_config": "aogpt.config",
     "save": "aogpt.checkpoint",
+    "adapt": "aogpt.adaptation",
     "infill": "aogpt.generation.generate",
     "GenerationSettings": "aogpt.generation.settings",
     "DecodePlan": "aogpt.generation.settings",

@@ -256,3 +256,10 @@ def test_init_from_starts_from_the_checkpoints_model(tmp_path, tiny_run, bytes_d
     copy = tmp_path / "copy"
     shutil.copytree(list_checkpoints(tiny_run)[-1], copy)
     assert plan(tmp_path / "r", data=bytes_data, preset="tiny", init_from=copy, dry_run=True).model_cfg == p.model_cfg
+
+
+def test_freezing_the_backbone_needs_a_target_pathway(tmp_path, bytes_data):
+    assert plan(tmp_path / "a", data=bytes_data, preset="tiny", variant="aogpt", freeze_backbone_steps=3,
+                dry_run=True).train_cfg.freeze_backbone_steps == 3
+    with pytest.raises(AOGPTError, match="no target pathway to train while the backbone is frozen"):
+        plan(tmp_path / "g", data=bytes_data, preset="tiny", variant="gpt", freeze_backbone_steps=3, dry_run=True)

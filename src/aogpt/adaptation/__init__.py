@@ -17,7 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from aogpt.adaptation.registry import Source, read_source
+from aogpt.adaptation.registry import read_source
+from aogpt.adaptation.source import Source
 from aogpt.adaptation.target import build
 
 VARIANTS = ("aogpt", "sigma")

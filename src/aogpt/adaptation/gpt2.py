@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from aogpt.adaptation.common import our_tokenizer, refuse, start_row
-from aogpt.adaptation.registry import Source
+from aogpt.adaptation.source import Source
 
 ACTIVATIONS = {"gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh", "gelu": "gelu"}
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from aogpt.adaptation.common import our_tokenizer, refuse, start_row
-from aogpt.adaptation.registry import Source
+from aogpt.adaptation.source import Source
 
 
 def rope_theta(config: Any, source: Any) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aogpt.adaptation.registry import Source
+from aogpt.adaptation.source import Source
 from aogpt.errors import AOGPTError
 
 # ModelConfig fields that describe the backbone (everything but the variant's target pathway).

@@ -10,24 +10,13 @@ their class name in `ARCHITECTURES` (`aogpt.adaptation.gpt2`, `aogpt.adaptation.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from aogpt.adaptation.source import Source
 from aogpt.errors import AOGPTError
-
-
-@dataclass
-class Source:
-    """A left-to-right decoder read into our terms (module docstring)."""
-
-    kind: str                         # what it was: "gpt run", "GPT2LMHeadModel", ...
-    backbone: dict[str, Any]          # ModelConfig fields: sizes, norm, positions, MLP, heads, biases, head
-    state: dict[str, torch.Tensor]    # backbone weights under a `gpt` model's names
-    tokenizer: Any                    # an aogpt tokenizer (`aogpt.data.tokenizer`)
-    start_note: str                   # what the start slot holds, said in docs and the checkpoint
 
 
 def _architectures() -> dict[str, Callable[[Any, Any, Path | str], Source]]:

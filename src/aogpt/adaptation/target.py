@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from aogpt.adaptation.registry import Source
+from aogpt.adaptation.source import Source
 from aogpt.config import model_config
 from aogpt.errors import AOGPTError
 from aogpt.model import Transformer

@@ -6,7 +6,9 @@ Per seed, on Shakespeare (bpe:512), with the quickstart model size and recipe:
 1. **gpt**: our left-to-right GPT trained for a CPU budget B;
 2. **adapted**: its EMA weights adapted to AO-GPT (`aogpt.adaptation.adapt`, equal to the GPT left to
    right at step 0) and fine-tuned for another B, its orders going from left to right through a
-   Mallows ramp to AO-GPT's mixture (`aogpt.config.any_order_start`);
+   Mallows ramp to AO-GPT's mixture (`aogpt.config.any_order_start`), with the quickstart's rates;
+   **adapted-frozen**: the same, its backbone frozen for the first third of the steps (only the
+   target pathway learns) and a lower peak rate (`FROZEN`), so the GPT's skills are disturbed less;
 3. **scratch**: AO-GPT trained from scratch for 2B with the same order schedule fitted to its steps.
 
 Budgets are CPU time at a fixed thread count (process time, so waiting for a core on a shared
@@ -19,7 +21,6 @@ per byte, left to right and under one random order, with the EMA weights; along 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import tempfile
 import time
@@ -38,6 +39,8 @@ PRESET = "quickstart"
 ORDER = "mixture"
 EVAL_BATCH = 16
 PROBE_STEPS = (2, 4)
+FROZEN = dict(lr=1e-3, min_lr=1e-4)  # adapted-frozen: these rates, the backbone frozen for a third of the steps
+ADAPTED = ("adapted", "adapted-frozen")
 
 
 def _train_cfg(variant: str, steps: int, seed: int, **fields: Any) -> Any:
@@ -117,10 +120,13 @@ def run_seed(data_root: Path, seed: int, budget: float, *, eval_bytes: int | Non
         start_scores = _score(adapted.model, windows, lengths, seed, True)
         row["adapted_start"] = start_scores
         steps_a = max(1, int(budget / _probe(adapted.config, data, seed)))
-        tuned = _trainer(adapted.config, _train_cfg("aogpt", steps_a, seed, init_from=str(Path(tmp) / "adapted")), data)
-        curve_a, cpu_a = _train(tuned, steps_a, windows, lengths, seed, curve_every, cpu, "adapted", progress)
-    row["adapted"] = {"steps": steps_a, "cpu_seconds": cpu_a, "curve": [{"step": 0, "cpu": cpu, **start_scores},
-                                                                       *curve_a], **curve_a[-1]}
+        for name in ADAPTED:
+            extra = {**FROZEN, "freeze_backbone_steps": steps_a // 3} if name == "adapted-frozen" else {}
+            cfg = _train_cfg("aogpt", steps_a, seed, init_from=str(Path(tmp) / "adapted"), **extra)
+            curve_a, cpu_a = _train(_trainer(adapted.config, cfg, data), steps_a, windows, lengths, seed, curve_every,
+                                    cpu, name, progress)
+            row[name] = {"steps": steps_a, "cpu_seconds": cpu_a, **curve_a[-1],
+                         "curve": [{"step": 0, "cpu": cpu, **start_scores}, *curve_a]}
     steps_s = max(1, int(2 * budget / _probe(scratch_cfg, data, seed)))
     scratch = _trainer(scratch_cfg, _train_cfg("aogpt", steps_s, seed), data)
     curve_s, cpu_s = _train(scratch, steps_s, windows, lengths, seed, curve_every, 0.0, "scratch", progress)
@@ -158,12 +164,13 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
     """Means and 95% intervals over seeds, and the paired differences adapted - scratch."""
     rows = result["rows"]
     out: dict[str, Any] = {}
-    for path, key in (("gpt", "l2r"), ("adapted_start", "l2r"), ("adapted_start", "any"), ("adapted", "l2r"),
-                      ("adapted", "any"), ("scratch", "l2r"), ("scratch", "any")):
+    for path, key in (("gpt", "l2r"), ("adapted_start", "l2r"), ("adapted_start", "any"), ("scratch", "l2r"),
+                      ("scratch", "any"), *((a, k) for a in ADAPTED for k in ("l2r", "any"))):
         out[f"{path}/{key}"] = _estimate([r[path][key] for r in rows])
-    for key in ("l2r", "any"):
-        out[f"adapted-scratch/{key}"] = _estimate([r["adapted"][key] - r["scratch"][key] for r in rows])
-    out["adapted-gpt/l2r"] = _estimate([r["adapted"]["l2r"] - r["gpt"]["l2r"] for r in rows])
+    for a in ADAPTED:
+        for key in ("l2r", "any"):
+            out[f"{a}-scratch/{key}"] = _estimate([r[a][key] - r["scratch"][key] for r in rows])
+        out[f"{a}-gpt/l2r"] = _estimate([r[a]["l2r"] - r["gpt"]["l2r"] for r in rows])
     return out
 
 
@@ -176,17 +183,18 @@ def _fmt(e: dict[str, float]) -> str:
 def to_markdown(result: dict[str, Any]) -> str:
     s, rows = result["summary"], result["rows"]
     b = result["budget"]
-    steps = {p: "/".join(str(r[p]["steps"]) for r in rows) for p in ("gpt", "adapted", "scratch")}
-    cpu = {p: sum(r[p]["cpu_seconds"] for r in rows) / len(rows) for p in ("gpt", "adapted", "scratch")}
+    paths = ("gpt", *ADAPTED, "scratch")
+    steps = {p: "/".join(str(r[p]["steps"]) for r in rows) for p in paths}
+    cpu = {p: sum(r[p]["cpu_seconds"] for r in rows) / len(rows) for p in paths}
     table = [
         ["gpt (B)", steps["gpt"], f"{cpu['gpt']:.0f}", _fmt(s["gpt/l2r"]), "-"],
         ["adapted, step 0", "0", f"{cpu['gpt']:.0f}", _fmt(s["adapted_start/l2r"]), _fmt(s["adapted_start/any"])],
-        ["adapted + fine-tuned (B + B)", steps["adapted"], f"{cpu['gpt'] + cpu['adapted']:.0f}",
-         _fmt(s["adapted/l2r"]), _fmt(s["adapted/any"])],
+        *([f"{a} + fine-tuned (B + B)", steps[a], f"{cpu['gpt'] + cpu[a]:.0f}", _fmt(s[f"{a}/l2r"]),
+           _fmt(s[f"{a}/any"])] for a in ADAPTED),
         ["AO-GPT from scratch (2B)", steps["scratch"], f"{cpu['scratch']:.0f}", _fmt(s["scratch/l2r"]),
          _fmt(s["scratch/any"])],
-        ["adapted - scratch", "", "", _fmt(s["adapted-scratch/l2r"]), _fmt(s["adapted-scratch/any"])],
-        ["adapted - gpt (left to right kept)", "", "", _fmt(s["adapted-gpt/l2r"]), ""],
+        *([f"{a} - scratch", "", "", _fmt(s[f"{a}-scratch/l2r"]), _fmt(s[f"{a}-scratch/any"])] for a in ADAPTED),
+        *([f"{a} - gpt (left to right lost)", "", "", _fmt(s[f"{a}-gpt/l2r"]), ""] for a in ADAPTED),
     ]
     scored = f"the first {result['eval_bytes']:,} bytes of" if result["eval_bytes"] else "all of"
     return "\n".join([
@@ -207,7 +215,8 @@ def plot(result: dict[str, Any], out_png: Path) -> Path | None:
 
     def draw(axes: Any) -> None:
         for ax, key, title in ((axes[0, 0], "l2r", "left to right"), (axes[0, 1], "any", "random order")):
-            for path, colour in (("gpt", "tab:gray"), ("adapted", "tab:blue"), ("scratch", "tab:orange")):
+            for path, colour in (("gpt", "tab:gray"), ("adapted", "tab:blue"), ("adapted-frozen", "tab:green"),
+                                 ("scratch", "tab:orange")):
                 for i, r in enumerate(result["rows"]):
                     pts = [p for p in r[path]["curve"] if key in p]
                     if pts:
@@ -221,4 +230,4 @@ def plot(result: dict[str, Any], out_png: Path) -> Path | None:
     return save_png(draw, out_png, figsize=(10, 4.2), grid=(1, 2))
 
 
-__all__ = ["run", "run_seed", "summary", "to_markdown", "plot", "dataclasses"]
+__all__ = ["run", "run_seed", "summary", "to_markdown", "plot"]

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from aogpt.data.tokenizer import TOKENIZER_FILE, Tokenizer
+from aogpt.data.tokenizer_base import TOKENIZER_FILE, Tokenizer
 from aogpt.errors import AOGPTError
 
 META_FILE = "pretrained_tokenizer.json"
