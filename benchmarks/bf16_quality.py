@@ -121,19 +121,31 @@ def main() -> int:
     p.add_argument("--precisions", default="float32,bfloat16")
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--jobs", type=int, default=1, help="runs at a time, each in its own one-thread process")
+    p.add_argument("--skip", default="", help="PRECISION:SEED,... runs not to start (e.g. one already running)")
+    p.add_argument("--report", action="store_true",
+                   help="train nothing: compare the runs' curves as far as they got (steps every run reached)")
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     precisions = args.precisions.split(",")
+    skip = {tuple(x.split(":")) for x in args.skip.split(",") if x}
     load = [os.getloadavg()[0]]
-    curves: dict[str, list[dict[int, float]]] = {q: [] for q in precisions}
+    # seeds in rounds, both precisions per round
+    todo = [(q, seed) for seed in seeds for q in precisions if (q, str(seed)) not in skip]
     seconds: dict[str, list[float]] = {q: [] for q in precisions}
-    for seed in seeds:  # seeds in rounds, both precisions per round
-        for q in precisions:
-            run = args.out / "runs" / f"{q}-seed{seed}"
-            seconds[q].append(train(args.data, run, q, seed, args.steps, args.eval_every))
-            curves[q].append(curve(run, KEY))
-            print(f"{q} seed {seed}: {seconds[q][-1]:.0f} s, final {KEY} {curves[q][-1][max(curves[q][-1])]:.4f}",
-                  flush=True)
+    if not args.report:
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(q: str, seed: int) -> tuple[str, float]:
+            return q, train(args.data, args.out / "runs" / f"{q}-seed{seed}", q, seed, args.steps, args.eval_every)
+
+        with ThreadPoolExecutor(args.jobs) as pool:
+            for q, sec in pool.map(lambda qs: one(*qs), todo):
+                print(f"{q}: a run took {sec:.0f} s", flush=True)
+    for q in precisions:  # every finished run's time, this invocation's or an earlier one's
+        done = [args.out / "runs" / f"{q}-seed{seed}" / "done.json" for seed in seeds]
+        seconds[q] = [json.loads(f.read_text())["seconds"] for f in done if f.is_file()] or [float("nan")]
+    curves = {q: [curve(args.out / "runs" / f"{q}-seed{seed}", KEY) for seed in seeds] for q in precisions}
     load.append(os.getloadavg()[0])
     summary = summarize(curves, seconds)
     summary.update(seeds=seeds, steps=args.steps, load_average=load, curves=curves)
