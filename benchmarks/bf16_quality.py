@@ -77,6 +77,7 @@ def summarize(curves: dict[str, list[dict[int, float]]], seconds: dict[str, list
 
 
 def markdown(summary: dict, seeds: list[int], load: list[float]) -> str:
+    """The comparison table, in nats per token."""
     a, b = summary["precisions"]
     lines = [f"# bf16 against fp32 training: quickstart preset, seeds {seeds}", "",
              f"Validation loss ({summary['key']}, nats per token, EMA weights) mean ± seed standard deviation; "
@@ -93,7 +94,7 @@ def markdown(summary: dict, seeds: list[int], load: list[float]) -> str:
     return "\n".join(lines)
 
 
-def plot(curves: dict[str, list[dict[int, float]]], path: Path) -> None:
+def plot(curves: dict[str, list[dict[int, float]]], path: Path, key: str = KEY) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -105,7 +106,7 @@ def plot(curves: dict[str, list[dict[int, float]]], path: Path) -> None:
             xs = sorted(c)
             ax.plot(xs, [c[x] for x in xs], color=colour, alpha=0.8, label=p if i == 0 else None)
     ax.set_xlabel("step")
-    ax.set_ylabel("validation loss, left to right (nats / token)")
+    ax.set_ylabel(f"{key} (nats / token)")
     ax.set_title("quickstart preset: bf16 autocast against fp32, one line per seed")
     ax.legend()
     fig.tight_layout()
@@ -121,25 +122,40 @@ def main() -> int:
     p.add_argument("--precisions", default="float32,bfloat16")
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--key", default=KEY, help=f"the validation curve compared (default {KEY}; e.g. val/any/ema)")
+    p.add_argument("--jobs", type=int, default=1, help="runs at a time, each in its own one-thread process")
+    p.add_argument("--skip", default="", help="PRECISION:SEED,... runs not to start (e.g. one already running)")
+    p.add_argument("--report", action="store_true",
+                   help="train nothing: compare the runs' curves as far as they got (steps every run reached)")
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     precisions = args.precisions.split(",")
+    skip = {tuple(x.split(":")) for x in args.skip.split(",") if x}
     load = [os.getloadavg()[0]]
-    curves: dict[str, list[dict[int, float]]] = {q: [] for q in precisions}
+    # seeds in rounds, both precisions per round
+    todo = [(q, seed) for seed in seeds for q in precisions if (q, str(seed)) not in skip]
     seconds: dict[str, list[float]] = {q: [] for q in precisions}
-    for seed in seeds:  # seeds in rounds, both precisions per round
-        for q in precisions:
-            run = args.out / "runs" / f"{q}-seed{seed}"
-            seconds[q].append(train(args.data, run, q, seed, args.steps, args.eval_every))
-            curves[q].append(curve(run, KEY))
-            print(f"{q} seed {seed}: {seconds[q][-1]:.0f} s, final {KEY} {curves[q][-1][max(curves[q][-1])]:.4f}",
-                  flush=True)
+    if not args.report:
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(q: str, seed: int) -> tuple[str, float]:
+            return q, train(args.data, args.out / "runs" / f"{q}-seed{seed}", q, seed, args.steps, args.eval_every)
+
+        with ThreadPoolExecutor(args.jobs) as pool:
+            for q, sec in pool.map(lambda qs: one(*qs), todo):
+                print(f"{q}: a run took {sec:.0f} s", flush=True)
+    for q in precisions:  # every finished run's time, this invocation's or an earlier one's
+        done = [args.out / "runs" / f"{q}-seed{seed}" / "done.json" for seed in seeds]
+        seconds[q] = [json.loads(f.read_text())["seconds"] for f in done if f.is_file()] or [float("nan")]
+    curves = {q: [curve(args.out / "runs" / f"{q}-seed{seed}", args.key) for seed in seeds] for q in precisions}
     load.append(os.getloadavg()[0])
     summary = summarize(curves, seconds)
+    summary["key"] = args.key
     summary.update(seeds=seeds, steps=args.steps, load_average=load, curves=curves)
-    (args.out / "bf16_quality.json").write_text(json.dumps(summary, indent=1))
-    (args.out / "bf16_quality.md").write_text(markdown(summary, seeds, load) + "\n")
-    plot(curves, args.out / "bf16_quality.png")
+    stem = "bf16_quality" + ("" if args.key == KEY else "_" + args.key.replace("/", "_"))
+    (args.out / f"{stem}.json").write_text(json.dumps(summary, indent=1))
+    (args.out / f"{stem}.md").write_text(markdown(summary, seeds, load) + "\n")
+    plot(curves, args.out / f"{stem}.png", args.key)
     print(markdown(summary, seeds, load))
     return 0
 

@@ -123,7 +123,9 @@ def test_adaln_table_and_direct_paths_agree():
     block = model.transformer.h[0]
     few = torch.tensor([[0, 3]])
     many = torch.tensor([[0, 3, 8, 1, 2, 4, 5, 6, 7, 8, 8, 2]])  # 8 = the "no target" sentinel
-    table_rows = model._adaptive(block, many)  # 12 slots > 9 table rows: table path
+    parts = model._adaptive(block, many)  # 12 slots > 9 table rows: table path, one gather per part
+    assert len(parts) == 6 and all(p.is_contiguous() for p in parts)
+    table_rows = torch.cat(parts, -1)
     for j in range(many.shape[1]):
         direct = model._adaptive(block, many[:, j: j + 1])
         torch.testing.assert_close(table_rows[:, j: j + 1], direct, rtol=0, atol=1e-12)

@@ -18,26 +18,36 @@ from aogpt.config import ModelConfig
 
 class _RMSNormFunction(torch.autograd.Function):
     """RMSNorm with a hand-written backward: on CPU, 2-4x faster than autograd through
-    `F.rms_norm`'s decomposition (AO-GPT has four RMSNorms per block)."""
+    `F.rms_norm`'s decomposition (AO-GPT has four RMSNorms per block). Each pass over the tensor
+    counts: the mean square is one fused dot product per row, and the backward,
+    grad_x = r * (gy - y * mean(gy * y)), reads and writes each tensor about three times."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-        y = xf * r
+        # float32 arithmetic whatever x's dtype; a bf16/fp16 x is read and written in its own dtype
+        # (no float32 copy of it: the norms are accumulated in float32 from x itself)
+        r = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.promote_types(x.dtype, torch.float32))
+        r = r.square_().div_(x.shape[-1]).add_(eps).rsqrt_()
+        y = x * r
         ctx.save_for_backward(y, r, weight)
-        return (y if weight is None else y * weight).to(x.dtype)
+        if weight is None:
+            return y.to(x.dtype)
+        return torch.mul(y, weight, out=torch.empty_like(x))
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         y, r, weight = ctx.saved_tensors
-        grad = grad.to(y.dtype)
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
-            gy = grad if weight is None else grad * weight
-            grad_x = r * (gy - y * (gy * y).mean(-1, keepdim=True))
+            gy = grad.to(y.dtype) if weight is None else grad * weight
+            mean = torch.linalg.vecdot(gy, y).unsqueeze(-1).div_(y.shape[-1])
+            grad_x = torch.addcmul(gy, y, mean, value=-1)
+            grad_x = torch.mul(grad_x, r, out=torch.empty_like(grad))  # in the input's dtype
         if weight is not None and ctx.needs_input_grad[1]:
-            grad_w = (grad * y).flatten(0, -2).sum(0).to(weight.dtype)
+            # column sums as a matrix-vector product: much faster on CPU than sum(0) over many rows
+            rows = (grad * y).flatten(0, -2)
+            grad_w = rows.new_ones(rows.shape[0]) @ rows
+            grad_w = grad_w.to(weight.dtype)
         return grad_x, grad_w, None
 
 

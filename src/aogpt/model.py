@@ -138,7 +138,7 @@ class Block(nn.Module):
                 x = x + cond
             x = x + self.attn(self.ln_1(x), attn_mask, cache, cache_pos, rope)
             return x + self.mlp(self.ln_2(x))
-        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = cond.chunk(6, dim=-1)
+        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = cond if isinstance(cond, tuple) else cond.chunk(6, -1)
         h = torch.addcmul(shift_a, self.ln_1.normalize(x), scale_a)
         x = torch.addcmul(x, gate_a, self.attn(h, attn_mask, cache, cache_pos, rope))
         h = torch.addcmul(shift_m, self.ln_2.normalize(x), scale_m)
@@ -157,8 +157,8 @@ class FinalLayer(nn.Module):
         shift, scale = self.adaLN_final(target_embedding).chunk(2, dim=-1)
         return torch.cat(fold_affine(self.ln_f, shift, scale), dim=-1)
 
-    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
-        shift, scale = cond.chunk(2, dim=-1)
+    def forward(self, x: torch.Tensor, cond: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
+        shift, scale = cond if isinstance(cond, tuple) else cond.chunk(2, dim=-1)
         return torch.addcmul(shift, self.ln_f.normalize(x), scale)
 
 
@@ -254,7 +254,11 @@ class Transformer(nn.Module):
             return F.embedding(target, table)
         positions = F.pad(self.transformer.wtpe.weight, (0, 0, 0, 1))  # + the zero "no target" row
         if target.numel() > positions.shape[0]:
-            return F.embedding(target, module.condition(positions))
+            # one gather per part (shift, scale, gate, ...): each slot's rows come out contiguous, and
+            # the backward scatters each part's gradient without first concatenating them
+            table = module.condition(positions)
+            parts = table.view(table.shape[0], -1, self.config.n_embd).unbind(1)
+            return tuple(F.embedding(target, part) for part in parts)
         return module.condition(F.embedding(target, positions))
 
     @torch.no_grad()

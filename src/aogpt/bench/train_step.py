@@ -25,7 +25,7 @@ from aogpt.bench.common import (
     fmt_seconds,
     markdown_table,
     sync,
-    timed,
+    timed_cpu,
     write_outputs,
 )
 from aogpt.device import resolve_device
@@ -106,32 +106,40 @@ def bench_train(*, block: int = 256, batch: int = 8, size: Size | None = None,
 
     load = [os.getloadavg()[0]] if hasattr(os, "getloadavg") else []
     runs: dict[str, list[float]] = {name: [] for name in names}
+    cpu_runs: dict[str, list[float]] = {name: [] for name in names}
     losses: dict[str, float] = {}
     for s in range(steps):
         for name in names:
-            runs[name].append(timed(lambda n=name: losses.__setitem__(n, trainers[n].train_step().loss), dev))
+            wall, cpu = timed_cpu(lambda n=name: losses.__setitem__(n, trainers[n].train_step().loss), dev)
+            runs[name].append(wall)
+            cpu_runs[name].append(cpu)
         if progress is not None:
             progress(s + 1, f"step {s + 1}")
     if load:
         load.append(os.getloadavg()[0])
     seconds = {name: statistics.median(r) for name, r in runs.items()}
+    cpu_seconds = {name: statistics.median(r) for name, r in cpu_runs.items()}
     trainers.clear()  # free the models before the caller goes on
     tokens = batch * block
     result = {"benchmark": "train", "block": block, "batch": batch, "size": size.to_dict(), "variants": variants,
               "dtypes": dtypes, "contenders": names, "preset": preset,
               "precision": {d: {"name": PRECISION_NAMES[p[0]], "why": p[1]} for d, p in precision.items()},
               "steps": steps, "warmup": warmup, "seed": seed, "seconds_per_step": seconds, "runs": runs,
+              "cpu_seconds_per_step": cpu_seconds, "cpu_runs": cpu_runs,
               "tokens_per_second": {n: tokens / s for n, s in seconds.items()}, "last_loss": losses,
               "load_average": load, "environment": environment(dev)}
     if profiles:
         result["profile"] = profiles
     result["ratio_to_gpt"] = {}
     result["speedup_over_first"] = {}
+    result["cpu_ratio_to_gpt"], result["cpu_speedup_over_first"] = {}, {}
     for v, d in keys:
-        name, gpt = contender(v, d, several), seconds.get(contender("gpt", d, several))
-        result["ratio_to_gpt"][name] = seconds[name] / gpt if gpt else None
-        first = seconds[contender(v, dtypes[0], several)]
-        result["speedup_over_first"][name] = first / seconds[name]
+        name, gpt_name = contender(v, d, several), contender("gpt", d, several)
+        first = contender(v, dtypes[0], several)
+        for sec, ratio, speedup in ((seconds, "ratio_to_gpt", "speedup_over_first"),
+                                    (cpu_seconds, "cpu_ratio_to_gpt", "cpu_speedup_over_first")):
+            result[ratio][name] = sec[name] / sec[gpt_name] if gpt_name in sec else None
+            result[speedup][name] = sec[first] / sec[name]
     default = (block, batch, size, preset) == (256, 8, Size(), None)
     note = "" if default else "goal set for 4 layers/256 wide/4 heads/vocab 8192, block 256, batch 8"
     result["targets"] = [Target(f"AO-GPT step time over gpt ({d})",
@@ -150,9 +158,15 @@ def to_markdown(result: dict[str, Any]) -> str:
     for d in dtypes:
         for v in result["variants"]:
             n = contender(v, d, several)
+            cpu = "cpu_seconds_per_step" in result
             rows.append([v, result["precision"][d]["name"] + (" (auto)" if d == "auto" else ""),
-                         fmt_seconds(result["seconds_per_step"][n]), f"{result['tokens_per_second'][n]:,.0f}",
-                         fmt_ratio(result["ratio_to_gpt"][n]), fmt_ratio(result["speedup_over_first"][n])])
+                         fmt_seconds(result["seconds_per_step"][n])
+                         + (f" / {fmt_seconds(result['cpu_seconds_per_step'][n])}" if cpu else ""),
+                         f"{result['tokens_per_second'][n]:,.0f}",
+                         fmt_ratio(result["ratio_to_gpt"][n])
+                         + (f" / {fmt_ratio(result['cpu_ratio_to_gpt'][n])}" if cpu else ""),
+                         fmt_ratio(result["speedup_over_first"][n])
+                         + (f" / {fmt_ratio(result['cpu_speedup_over_first'][n])}" if cpu else "")])
     recipe = f"the {result['preset']} preset's recipe" if result.get("preset") else "the default recipe"
     load = result.get("load_average") or []
     lines = [
@@ -166,8 +180,11 @@ def to_markdown(result: dict[str, Any]) -> str:
         "",
         "Precisions: " + "; ".join(f"{d}: {p['why']}" for d, p in result["precision"].items()) + ".",
         "",
-        markdown_table(["variant", "precision", "s / step", "tokens / s", "÷ gpt", f"speed-up over {dtypes[0]}"],
-                       rows),
+        markdown_table(["variant", "precision", "s / step (wall / CPU)", "tokens / s (wall)", "÷ gpt (wall / CPU)",
+                        f"speed-up over {dtypes[0]} (wall / CPU)"], rows),
+        "",
+        "CPU time (all threads of this process) leaves out time spent waiting for a core: on a busy machine "
+        "it is the steadier measure of the work a step does.",
         "",
         "Goals:",
         *[t["line"] for t in result["targets"]],

@@ -56,7 +56,7 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> 
                     "lr_scale": scale},
                    {"params": [p for p in members if p.dim() < 2], "weight_decay": 0.0, "lr_scale": scale}]
     groups = [g for g in groups if g["params"]]
-    fused = device.type == "cuda"
+    fused = device.type in ("cuda", "cpu")  # one kernel over all parameters: on CPU too since torch 2.4
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
 
 
