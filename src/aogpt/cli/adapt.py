@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from aogpt.cli.common import add_common, emit_json, path_arg
+from aogpt.cli.common import add_common, config_arg, emit_json, path_arg
 from aogpt.config import ModelConfig
 
 HELP = ("turn a pretrained left-to-right decoder (transformers GPT-2, Llama, Qwen2, or a gpt run) into an "
@@ -14,8 +14,6 @@ HELP = ("turn a pretrained left-to-right decoder (transformers GPT-2, Llama, Qwe
 
 
 def add_parser(subparsers: Any) -> None:
-    from aogpt.cli.common import config_arg
-
     p = subparsers.add_parser(
         "adapt", help=HELP,
         description=HELP + ". The source's backbone is kept switch for switch (norm, positions, MLP, attention heads, "
