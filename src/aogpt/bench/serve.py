@@ -1,4 +1,5 @@
-"""`aogpt bench serve`: the server under concurrent clients, against the same requests one at a time.
+"""`aogpt bench serve`: the server under concurrent clients, against the same requests one at a time
+(``--workload mixed``: the mixed soak of `aogpt.bench.serve_soak` instead).
 
 The server is `aogpt serve` in a process of its own on the loopback interface; the clients are
 threads of this process, one keep-alive HTTP connection each. Every request asks for an
@@ -56,12 +57,16 @@ class Answer:
 
 
 class Server:
-    """`aogpt serve` on a free loopback port, in its own process (stopped with SIGTERM)."""
+    """`aogpt serve` on a free loopback port, in its own process (stopped with SIGTERM). Its output
+    is read up to the line that gives its address, and then no more. `flags`: the server's own
+    (None: room for every client, and warnings only in its log)."""
 
-    def __init__(self, checkpoint: Path, threads: int, clients: int):
+    def __init__(self, checkpoint: Path, threads: int, clients: int, flags: list[str] | None = None):
+        if flags is None:
+            flags = ["--max-sequences", str(max(32, clients)), "--max-queue", str(max(64, 2 * clients)),
+                     "--log-level", "warning"]
         cmd = [sys.executable, "-m", "aogpt", "serve", "--checkpoint", str(checkpoint), "--port", "0",
-               "--threads", str(threads), "--max-sequences", str(max(32, clients)),
-               "--max-queue", str(max(64, 2 * clients)), "--log-level", "warning"]
+               "--threads", str(threads), *flags]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, "OMP_NUM_THREADS": str(threads)})
         line = self._first_line()
@@ -151,8 +156,14 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 
 def bench_serve(checkpoint: Path, clients: int, requests: int, max_tokens: int, repeats: int, duration: float,
-                threads: int, seed: int, out: Path | None, progress: Callable[[int, str], None] | None = None
-                ) -> dict[str, Any]:
+                threads: int, seed: int, out: Path | None, progress: Callable[[int, str], None] | None = None,
+                workload: str = "uniform") -> dict[str, Any]:
+    """The uniform benchmark (module docstring), or with ``workload="mixed"`` the mixed soak
+    (`aogpt.bench.serve_soak`) for `duration` seconds."""
+    if workload == "mixed":
+        from aogpt.bench.serve_soak import soak
+
+        return soak(checkpoint, clients, duration, threads, seed, out, progress=progress)
     from aogpt.checkpoint import load
     from aogpt.generation.generate import generate
     from aogpt.serve.protocol import CompletionRequest, to_generate
