@@ -348,6 +348,7 @@ def summarize(outcomes: list[Outcome], samples: list[HealthSample], refs: dict[t
         "memory_after_first_minute": after_minute[0] if after_minute else None,
         "memory_end": rss[-1][1] if rss else None,
         "memory_max_after_first_minute": max(after_minute, default=None),
+        "memory_timeline": [(round(t - t0), r) for k, (t, r) in enumerate(rss) if k % 50 == 0 or k == len(rss) - 1],
         "log_lines_dropped": max((s.body.get("log_lines_dropped", 0) for s in samples), default=0),
         "after_signal": {"answered_200": sum(o.status == 200 for o in after),
                          "refused_503": sum(o.status == 503 for o in after),

@@ -34,8 +34,9 @@ SIGNAL_WAIT = 60.0  # seconds to wait for the server to exit after SIGTERM befor
 
 def soak(checkpoint: Path, clients: int, seconds: float, threads: int, seed: int = 0, out: Path | None = None,
          workload: Workload | None = None, server_flags: list[str] | None = None,
-         progress: Callable[[int, str], None] | None = None) -> dict[str, Any]:
-    """Run the soak (module docstring); returns the summary, with `checks` (goal: met?)."""
+         progress: Callable[[int, str], None] | None = None, first_minute: float = 60.0) -> dict[str, Any]:
+    """Run the soak (module docstring); returns the summary, with `checks` (goal: met?). Memory is
+    judged against its value `first_minute` seconds in (the allocator's warm-up comes before)."""
     from aogpt.bench.serve import Server
     from aogpt.checkpoint import load
 
@@ -68,7 +69,7 @@ def soak(checkpoint: Path, clients: int, seconds: float, threads: int, seed: int
     finally:
         server.stop()
     env["load_average_after"] = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
-    summary = summarize(mix.outcomes, health.samples, refs, deadline, signal_at)
+    summary = summarize(mix.outcomes, health.samples, refs, deadline, signal_at, first_minute=first_minute)
     summary.update({"checkpoint": str(checkpoint), "clients": clients, "seconds": seconds, "seed": seed,
                     "server_threads": threads, "limits": limits, "workload": dataclasses.asdict(workload),
                     "exit_code": code, "exit_seconds": None if code is None else exit_seconds,
