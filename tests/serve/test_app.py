@@ -374,3 +374,28 @@ def test_sigterm_cancels_what_is_still_running_at_the_drain_deadline_and_exits_0
     for i in range(4):
         assert got[i][-1]["error"]["code"] == 503 and "shut down" in got[i][-1]["error"]["message"], got[i][-1]
     assert "Traceback" not in proc.stderr.read()
+
+
+def test_a_stuck_engine_is_reported_and_its_clients_still_get_503_in_time():
+    """The engine's step blocks (a stand-in for any bug that stops it): /health says "stuck" with
+    503 once `stall_after` has passed, and the waiting client gets 503 from the HTTP side 2 s after
+    its deadline, without the engine."""
+    gate = threading.Event()
+    for running in serve(slow_loaded(), name="stuck", timeout=0.5, stall_after=1):
+        forward = running.engine.runner.forward_slots
+
+        def blocked(*args, forward=forward, **kwargs):
+            gate.wait(30)
+            return forward(*args, **kwargs)
+
+        running.engine.runner.forward_slots = blocked
+        try:
+            start = time.monotonic()
+            r = post(running.url, {"prompt": "ab", "max_tokens": 4})
+            took = time.monotonic() - start
+            health = httpx.get(running.url + "/health", timeout=2)
+        finally:
+            gate.set()
+        assert r.status_code == 503 and "deadline of 0.5 s" in r.json()["error"]["message"], r.text
+        assert 2.0 <= took < 6.0, took
+        assert health.status_code == 503 and health.json()["engine"] == "stuck" == health.json()["status"]

@@ -11,21 +11,27 @@ random choice (from the client's own seeded stream) of:
 
 Every answer is recorded (`Outcome`): its status (0: none), the seconds it took, and for a 200 the
 tokens, from the body or rebuilt from the stream's chunks, to compare with offline `generate()`
-(`references`). `HealthWatch` asks /health every `period` seconds meanwhile, and reads the server's
-memory. `summarize` turns both into the soak's figures and `verdict` into pass/fail checks.
+(`references`). `Server` runs `aogpt serve` in a process of its own; `HealthWatch` asks its
+/health every `period` seconds meanwhile, and reads its memory. `summarize` turns both into the
+soak's figures and `verdict` into pass/fail checks.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
 import random
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from aogpt.errors import AOGPTError
 
 KINDS: list[dict[str, Any]] = [
     {"prompt": "HAMLET:\n", "max_tokens": 32, "order": "random"},
@@ -44,6 +50,54 @@ MALFORMED: list[str] = [
     '["not", "an", "object"]',
 ]
 CUT_AFTER = 3  # data lines a disconnecting client reads before it closes its connection
+START_TIMEOUT = 120.0  # seconds for the server to load the model and listen
+
+
+class Server:
+    """`aogpt serve` on a free loopback port, in its own process (stopped with SIGTERM). Its output
+    is read up to the line that gives its address, and then no more. `flags`: the server's own
+    (None: room for every client, and warnings only in its log)."""
+
+    def __init__(self, checkpoint: Path, threads: int, clients: int, flags: list[str] | None = None):
+        if flags is None:
+            flags = ["--max-sequences", str(max(32, clients)), "--max-queue", str(max(64, 2 * clients)),
+                     "--log-level", "warning"]
+        cmd = [sys.executable, "-m", "aogpt", "serve", "--checkpoint", str(checkpoint), "--port", "0",
+               "--threads", str(threads), *flags]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+        line = self._first_line()
+        if " at http://" not in line:
+            self.proc.kill()
+            err = (self.proc.stderr.read() or "").strip().splitlines()
+            raise AOGPTError(f"the server did not start: {err[-1] if err else line.strip()}",
+                             "check that `aogpt serve --checkpoint ...` runs on its own")
+        url = line.split(" at ")[1].split()[0]
+        self.host, port = url.removeprefix("http://").rstrip("/").rsplit(":", 1)
+        self.port = int(port)
+
+    def _first_line(self) -> str:
+        box: list[str] = []
+        reader = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(START_TIMEOUT)
+        return box[0] if box else ""
+
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU time of the server process so far (Linux), else None."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from aogpt.bench.common import describe_environment, environment, write_outputs
-from aogpt.bench.serve_load import HealthWatch, MixedLoad, Workload, references, summarize, verdict
+from aogpt.bench.serve_load import HealthWatch, MixedLoad, Server, Workload, references, summarize, verdict
 
 SIGNAL_WAIT = 60.0  # seconds to wait for the server to exit after SIGTERM before it is killed
 
@@ -37,7 +37,6 @@ def soak(checkpoint: Path, clients: int, seconds: float, threads: int, seed: int
          progress: Callable[[int, str], None] | None = None, first_minute: float = 60.0) -> dict[str, Any]:
     """Run the soak (module docstring); returns the summary, with `checks` (goal: met?). Memory is
     judged against its value `first_minute` seconds in (the allocator's warm-up comes before)."""
-    from aogpt.bench.serve import Server
     from aogpt.checkpoint import load
 
     workload = workload or Workload()

@@ -239,6 +239,8 @@ class _Events:
                 self.checked = time.monotonic()
                 if await self.request.is_disconnected():
                     return "gone", None
+            if not self.queue.empty():  # what the engine said first, even past the deadline
+                return self.queue.get_nowait()
             left = self._late()
             if left is not None and left <= 0:
                 return self._backstop()
