@@ -345,3 +345,15 @@ def test_the_mixed_load_without_http_gets_offline_tokens_under_cancellations():
     assert len(done) >= 60 and all(j.error[0] == 503 for _, j in jobs if j.error is not None)
     for i, job in done:
         assert torch.equal(job.result.tokens, offline[i]), f"request {i} differs from generate()"
+
+
+def test_a_loop_that_dies_answers_its_requests_with_500_and_health_says_stopped(monkeypatch):
+    model = random_float32()
+    engine = Engine(model)
+    monkeypatch.setattr(engine, "_expire", lambda: 1 / 0)  # a bug in the loop itself, not in a request
+    engine.start()
+    job = engine.submit(Job({"length": 8, "seed": 0}, 1, 8))
+    assert job.finished.wait(10) and job.error[0] == 500 and "engine stopped" in job.error[1]
+    engine._loop.join(10)
+    assert engine.health()["engine"] == "stopped" and engine.load()["running"] == 0
+    engine.stop()
