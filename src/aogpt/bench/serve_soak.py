@@ -93,7 +93,7 @@ def _s(x: float | None) -> str:
 
 
 def _mb(x: int | None) -> str:
-    return "-" if x is None else f"{x / 2**20:.0f} MB"
+    return "-" if x is None else f"{x / 2**20:.0f} MiB"
 
 
 def to_markdown(s: dict[str, Any]) -> str:
@@ -113,7 +113,8 @@ def to_markdown(s: dict[str, Any]) -> str:
         f"{_s(s['health_p99'])}, longest {_s(s['health_max'])}. Longest time without engine progress while it "
         f"had work: {_s(s['longest_stall_engine'])} (engine), {_s(s['longest_stall_seen'])} (seen by /health). "
         f"Server memory: {_mb(s['memory_start'])} at start, {_mb(s['memory_after_first_minute'])} after the first "
-        f"minute, {_mb(s['memory_max_after_first_minute'])} at most after it, {_mb(s['memory_end'])} at the end. "
+        f"minute, {_mb(s['memory_max_after_first_minute'])} at most after it (sampled five times a second), "
+        f"{_mb(s['memory_end'])} at the end. "
         f"Log lines dropped: {s['log_lines_dropped']}.",
         "",
         f"SIGTERM under load: exit status {s['exit_code']} after {_s(s['exit_seconds'])}; requests sent after "
