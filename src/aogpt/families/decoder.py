@@ -24,7 +24,7 @@ from aogpt.generation.speculative import SpeculativeSampler
 @dataclass(frozen=True)
 class DecoderFamily(ModelFamily):
     def train_loss(self, model, idx, order, generator):
-        return model(idx, order)[1]
+        return model(idx, order, logits=False)[1]
 
     def order_nll(self, model, idx, order):
         return model(idx, order)[1]
