@@ -103,7 +103,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 
 def _explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | AttentionMask | None,
               causal: bool, dropout: float) -> torch.Tensor:
-    """matmul -> softmax in float32 -> matmul, with the mask added to the scores."""
+    """matmul -> softmax (in float32 at least) -> matmul, with the mask added to the scores."""
     scores = torch.matmul(q, k.transpose(-1, -2))
     scores = scores * (q.shape[-1] ** -0.5)
     if mask is not None:
@@ -113,7 +113,7 @@ def _explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
             scores = scores.masked_fill(~mask, float("-inf"))
     elif causal:
         scores = scores + causal_bias(q.shape[-2], k.shape[-2], q.device, scores.dtype)
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(v.dtype)
     if dropout > 0.0:
         weights = F.dropout(weights, dropout)
     return torch.matmul(weights, v)
@@ -122,8 +122,9 @@ def _explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     from torch.nn.attention.flex_attention import flex_attention
 
+    allowed = allowed.reshape((1,) * (4 - allowed.dim()) + tuple(allowed.shape))  # (B or 1, 1, S, L)
     bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, float("-inf"))
-    bias = bias.expand(q.shape[0], *bias.shape[1:])  # one row per sequence, as score_mod indexes it
+    bias = bias.expand(q.shape[0], -1, -1, -1)  # one row per sequence, as score_mod indexes it
 
     def add_mask(score, b, h, q_idx, kv_idx):
         return score + bias[b, 0, q_idx, kv_idx]

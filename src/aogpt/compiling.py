@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -22,8 +23,7 @@ import torch
 from aogpt.errors import AOGPTError
 
 CHOICES = ("auto", "on", "off")
-AUTO_MIN_MINUTES = 5.0  # `auto` compiles a training run planned for at least this long (time budget)...
-AUTO_MIN_STEPS = 3000  # ...or for at least this many steps without one: compiling pays back after ~1-2 minutes
+AUTO_MIN_MINUTES = 5.0  # `auto` compiles a run with a time budget of at least this (compiling pays back in 1-2 min)
 COMPILERS = ("g++", "c++", "clang++")
 
 
@@ -60,6 +60,9 @@ def use_persistent_cache() -> Path:
     path = cache_dir()
     path.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(path))
+    # tracing a norm whose input is bf16 (autocast) and weight float32 warns once per graph; the
+    # compiled kernel handles the mix itself
+    warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
     return path
 
 
@@ -72,9 +75,11 @@ def check_compiler(device: torch.device) -> None:
                          "install one (e.g. apt-get install g++), or pass --compile off")
 
 
-def decide_training(choice: str | bool, device: torch.device, *, max_minutes: float, max_steps: int,
-                    world_size: int = 1, fsdp: bool = False) -> tuple[bool, str]:
-    """(compile the training step?, why, in words for the plan line)."""
+def decide_training(choice: str | bool, device: torch.device, *, max_minutes: float, world_size: int = 1,
+                    fsdp: bool = False) -> tuple[bool, str]:
+    """(compile the training step?, why, in words for the plan line). `auto` compiles a single-process
+    run on the CPU (with a C++ compiler) or CUDA under a time budget of at least `AUTO_MIN_MINUTES`:
+    the decision depends on the configuration only, so a resumed run decides as the original did."""
     choice = normalize_choice(choice)
     if choice == "off":
         return False, "off (--compile off)"
@@ -87,8 +92,7 @@ def decide_training(choice: str | bool, device: torch.device, *, max_minutes: fl
         return False, "off (auto: no C++ compiler found; install g++ to compile)"
     if fsdp or world_size > 1:
         return False, "off (auto: not used with several processes; --compile on to try)"
-    long_run = max_minutes >= AUTO_MIN_MINUTES if max_minutes > 0 else max_steps >= AUTO_MIN_STEPS
-    if not long_run:
-        return False, (f"off (auto: compiled only for runs of at least {AUTO_MIN_MINUTES:g} minutes or "
-                       f"{AUTO_MIN_STEPS:,} steps)")
-    return True, "on (auto: a long run; the compile time is counted in it)"
+    if max_minutes < AUTO_MIN_MINUTES:  # without a time budget the run's length is unknown before it starts
+        return False, (f"off (auto: compiled only under a time budget of at least {AUTO_MIN_MINUTES:g} minutes; "
+                       "--compile on to compile)")
+    return True, f"on (auto: a {max_minutes:g}-minute budget; the compile time is counted in it)"

@@ -18,6 +18,7 @@ from aogpt.cli.bench_common import (
     setup,
     size_flags,
 )
+from aogpt.cli.bench_kernels import add_kernel_benchmarks
 from aogpt.cli.bench_serve import add_serve_benchmark
 from aogpt.cli.bench_training import add_training_benchmarks
 from aogpt.cli.common import config_arg, finite_float, int_arg, positive_int
@@ -153,6 +154,7 @@ def add_parser(subparsers: Any) -> None:
     r.set_defaults(func=run_prepare)
 
     add_training_benchmarks(sub)
+    add_kernel_benchmarks(sub)
     add_serve_benchmark(sub)
 
 

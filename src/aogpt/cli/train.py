@@ -149,7 +149,7 @@ def _print_plan(plan: Any) -> None:
     device = resolve_device(tc.device)
     _, why = training_precision(tc, device)
     print(f"precision: {why} (fp32 weights and optimizer state)", flush=True)
-    compiled, how = compiling.decide_training(tc.compile, device, max_minutes=tc.max_minutes, max_steps=tc.max_steps,
+    compiled, how = compiling.decide_training(tc.compile, device, max_minutes=tc.max_minutes,
                                               world_size=plan.info.world_size, fsdp=tc.fsdp)
     where = f"; kernels cached in {compiling.cache_dir()}, so a second run compiles in seconds" if compiled else ""
     print(f"compile: {how}{where}", flush=True)

@@ -115,7 +115,7 @@ class Trainer:
         self.optimizer = make_optimizer(self.raw, cfg, self.device)  # after sharding: FSDP replaces the parameters
         self.step_model = self.model
         self.compiled, self.compile_why = compiling.decide_training(
-            cfg.compile, self.device, max_minutes=cfg.max_minutes, max_steps=cfg.max_steps,
+            cfg.compile, self.device, max_minutes=cfg.max_minutes,
             world_size=self.info.world_size, fsdp=cfg.fsdp)
         self.compile_seconds: float | None = None  # measured by `warm_up`
         if self.compiled:
