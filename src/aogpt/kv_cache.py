@@ -44,6 +44,22 @@ class Conditions:
 ATTENTION = KERNELS  # the kernels a decode step may use (`aogpt.attention`)
 
 
+def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean attention mask as the additive one attention uses (0 where allowed, -inf elsewhere),
+    converted once when the step is planned rather than in every layer."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
+def step_mask(cols: torch.Tensor, decided: int | torch.Tensor, span: int) -> torch.Tensor:
+    """Who a step's rows may attend to: the row at cache column `col` sees the decided columns
+    c < decided up to itself (catch-ups are causal) and itself (a query sees no other query).
+    cols (..., S), decided an int or (..., 1) -> bool (..., S, span)."""
+    a = torch.arange(span, device=cols.device)
+    col = cols[..., None]
+    decided = decided[..., None] if isinstance(decided, torch.Tensor) else decided
+    return ((a < decided) & (a <= col)) | (a == col)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
               kind: str = "sdpa") -> torch.Tensor:
     """softmax(q k^T / sqrt(d) + mask) v over the cache's columns, by `aogpt.attention.attend`."""
