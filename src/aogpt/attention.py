@@ -83,7 +83,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
            causal: bool = False, dropout: float = 0.0, kind: str = "auto") -> torch.Tensor:
     """softmax(q k^T / sqrt(d) + mask) v for q (B, H, S, D), k and v (B, H, L, D): (B, H, S, D).
 
-    `mask`: boolean (True = may attend), broadcastable to (B, H, S, L), or an `AttentionMask`; None
+    `mask`: boolean (True = may attend) or additive (0 / -inf), broadcastable to (B, H, S, L), or an
+    `AttentionMask`; None
     with `causal` means the causal mask, else full attention. `dropout` applies to the attention
     weights (training only). `kind`: a kernel of `KERNELS` (``auto``: `choose_kernel`)."""
     if kind == "auto":
@@ -109,8 +110,10 @@ def _explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     if mask is not None:
         if isinstance(mask, AttentionMask):
             scores = scores + mask.additive(scores.dtype)
-        else:
+        elif mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, float("-inf"))
+        else:  # already additive (0 / -inf)
+            scores = scores + mask.to(scores.dtype)
     elif causal:
         scores = scores + causal_bias(q.shape[-2], k.shape[-2], q.device, scores.dtype)
     weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(v.dtype)
@@ -120,10 +123,14 @@ def _explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 
 
 def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """FlexAttention with the (boolean or additive) mask added to each score."""
     from torch.nn.attention.flex_attention import flex_attention
 
     allowed = allowed.reshape((1,) * (4 - allowed.dim()) + tuple(allowed.shape))  # (B or 1, 1, S, L)
-    bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, float("-inf"))
+    if allowed.dtype == torch.bool:
+        bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, float("-inf"))
+    else:  # already additive
+        bias = allowed.to(q.dtype)
     bias = bias.expand(q.shape[0], -1, -1, -1)  # one row per sequence, as score_mod indexes it
 
     def add_mask(score, b, h, q_idx, kv_idx):
