@@ -261,7 +261,8 @@ class Transformer(nn.Module):
         tok = tr.wte(tokens.clamp(min=0))
         tok = torch.where((tokens < 0).unsqueeze(-1), tr.wnonee.weight, tok)
         if self.config.target == "input-concat":
-            return tok + torch.cat([tr.wpe(pos), embed_target(tr.wtpe, target)], dim=-1)
+            here, there = tr.wpe(pos), embed_target(tr.wtpe, target)  # a (1, S) target row serves every sequence
+            return tok + torch.cat([here, there.expand(*here.shape[:-1], -1)], dim=-1)
         x = tok + tr.wpe(pos) if "wpe" in tr else tok
         if self.config.target == "input":
             x = x + embed_target(tr.wtpe, target)
