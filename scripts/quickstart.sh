@@ -110,7 +110,8 @@ anyo = next((r.get("bpb") for r in rows if r.get("order") == "random"), None)
 reached = f", {bpb:.2f} bits/byte left to right" if bpb is not None else ""
 reached += f" and {anyo:.2f} in a random order" if anyo is not None else ""
 reached += " on the held-out text" if reached else ""
-early = " (cut short by the time limit: QUICKSTART_MINUTES=20 gives it more)" if s["stopped_by"] == "time" else ""
+early = "" if s.get("ended_as_planned", s["stopped_by"] != "time") else \
+    " (cut short by the time limit: QUICKSTART_MINUTES=20 gives it more)"
 print(f"Done: AO-GPT (preset {preset}) trained {s['step']:,} of {s['planned_steps']:,} steps on {corpus} "
       f"({tokenizer}){early}{reached}. Run: {run} (loss plot {s.get('plot') or run + '/loss.png'}, speed table "
       f"{run}/bench/generate.md). Next: {command} sample --checkpoint {run} --prompt 'ROMEO:'")

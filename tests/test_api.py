@@ -52,10 +52,13 @@ def test_save_then_load_round_trips_weights_tokenizer_and_generation(tmp_path: P
         aogpt.save(torch.nn.Linear(2, 2), tmp_path / "bad")
 
 
-def test_generate_and_evaluate_are_callable_modules() -> None:
+def test_generate_and_evaluate_are_the_functions_of_their_packages() -> None:
+    from aogpt.evaluation.evaluate import evaluate
+    from aogpt.generation.generate import generate
+
+    assert aogpt.generate is generate and aogpt.evaluate is evaluate
     model = small()
     a = aogpt.generate(model, num_samples=2, length=8, steps=4, seed=5)
-    from aogpt.generate import generate
 
     b = generate(model, num_samples=2, length=8, steps=4, seed=5)
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.orders, b.orders)
@@ -64,8 +67,6 @@ def test_generate_and_evaluate_are_callable_modules() -> None:
     d = generate(model, num_samples=2, length=8, seed=5, steps=4, temperature=0.7, order="l2r")
     assert torch.equal(c.tokens, d.tokens) and (c.orders == torch.arange(8)).all()
     data = torch.randint(0, 320, (3, 12), generator=torch.Generator().manual_seed(0))
-    from aogpt.evaluate import evaluate
-
     assert aogpt.evaluate(model, data).nll == evaluate(model, data).nll
     with pytest.raises(TypeError, match="unknown generation setting"):
         aogpt.generate(model, length=8, temprature=0.5)

@@ -40,7 +40,14 @@ def test_bad_model_configs(kwargs, match):
 def test_train_overrides_check_types():
     assert apply_overrides(TrainConfig(), {"lr": 1}, "x").lr == 1.0
     with pytest.raises(AOGPTError, match="must be bool"):
+        apply_overrides(TrainConfig(), {"fsdp": 1}, "x")
+    with pytest.raises(AOGPTError, match="compile must be str"):
         apply_overrides(TrainConfig(), {"compile": 1}, "x")
+    # the flag's old boolean form, as older run configs hold it, reads as today's words
+    assert apply_overrides(TrainConfig(), {"compile": True}, "x").compile == "on"
+    assert apply_overrides(TrainConfig(), {"compile": False}, "x").compile == "off"
+    with pytest.raises(AOGPTError, match="compile"):
+        train_config(compile="sometimes")
     with pytest.raises(AOGPTError, match="unknown preset"):
         train_config("huge")
 

@@ -250,3 +250,33 @@ def test_rmsnorm_custom_backward_matches_autograd():
     want = torch.autograd.grad(ref, (x, norm.weight), g)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("variant,target", INJECTIONS[:-1])  # every any-order injection
+@pytest.mark.parametrize("last", [False, True])
+def test_layout_by_target_computes_what_the_slot_layout_computes(variant, target, last):
+    """Training and evaluation read any order laid out by target position (`Transformer.forward_by_target`);
+    the plain slot layout is the reference: same logits, losses and gradients, batch of several orders
+    (one of them left to right)."""
+    from aogpt.model import Kernels
+
+    model = tiny(variant, target=target) if target != "adaln" else tiny("aogpt")
+    g = torch.Generator().manual_seed(7)
+    idx = torch.randint(V, (3, 6), generator=g)
+    order = torch.stack([torch.arange(6), torch.randperm(6, generator=g), torch.randperm(6, generator=g)])
+    results = []
+    for kernels in (Kernels.reference(), Kernels(attention="explicit", by_target=True),
+                    Kernels(attention="sdpa", by_target=True)):
+        model.kernels = kernels
+        model.zero_grad(set_to_none=True)
+        logits, losses = model(idx, order, with_last_slot=last)
+        (logits.square().mean() + losses.sum()).backward()
+        results.append((logits.detach(), losses.detach(), [p.grad.clone() for p in model.parameters()]))
+    for logits, losses, grads in results[1:]:
+        torch.testing.assert_close(logits, results[0][0], rtol=0, atol=1e-12)
+        torch.testing.assert_close(losses, results[0][1], rtol=0, atol=1e-12)
+        for a, b in zip(grads, results[0][2], strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    model.kernels = Kernels()
+    assert model(idx, order, logits=False)[0] is None  # training asks for the losses only
+    torch.testing.assert_close(model(idx, order, logits=False)[1], results[0][1], rtol=0, atol=1e-12)

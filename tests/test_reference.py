@@ -18,7 +18,7 @@ import aogpt
 from aogpt.checkpoint import save_checkpoint
 from aogpt.config import model_config, to_dict
 from aogpt.errors import AOGPTError
-from aogpt.model import Transformer
+from aogpt.model import Kernels, Transformer
 from aogpt.reference import (
     export_reference,
     import_reference,
@@ -81,8 +81,13 @@ def test_ema_and_raw_weights_differ_enough_to_tell_apart():
         assert gap > 1e-3
 
 
-def test_aogpt_intermediate_activations_match_reference():
+@pytest.mark.parametrize("by_target", [False, True], ids=["slot layout", "target layout"])
+def test_aogpt_intermediate_activations_match_reference(by_target):
+    """Every block's output matches the reference's, in the slot layout (SDPA, the reference's own
+    arrangement) and in the layout by target position that training uses (its rows are the slots
+    permuted, so they are put back in slot order to compare)."""
     model, _ = load_reference(CKPT["ao"], dtype=torch.float32)
+    model.kernels = Kernels(by_target=True) if by_target else Kernels.reference()
     seen: dict[str, torch.Tensor] = {}
 
     def keep(name):
@@ -99,8 +104,15 @@ def test_aogpt_intermediate_activations_match_reference():
         model(IDX, ORDERS, with_last_slot=True)
     for h in hooks:
         h.remove()
+    n = IDX.shape[1]
+    slot_rows = torch.cat([ORDERS, torch.full((ORDERS.shape[0], 1), n)], dim=1)  # slot t is row order[t]
     for name in ("x0", "block0_out", "block1_out", "final_layer_out"):
-        torch.testing.assert_close(seen[name][1], torch.from_numpy(EXP[f"ao_ema_{name}_f32"]), atol=1e-5, rtol=0)
+        out = seen[name][1]
+        if by_target:
+            out = out.expand(IDX.shape[0], -1, -1).gather(1, slot_rows[..., None].expand(-1, -1, out.shape[-1]))
+        torch.testing.assert_close(out, torch.from_numpy(EXP[f"ao_ema_{name}_f32"]), atol=1e-5, rtol=0)
+    if by_target:
+        return
     # adaLN sees the (padded) target table; the per-slot condition is its row for each slot's target
     table = seen["adaLN0"][0][0]
     _, _, target = model.slots_for_order(IDX, ORDERS, with_last_slot=True)

@@ -1,7 +1,7 @@
 """Package structure: no import cycles (module-level and function-level imports alike), `aogpt.cli`
-used only by itself, no source file over 500 lines, each concept in one place (evaluation in
-`aogpt.evaluation`, generation in `aogpt.generation`; their old import paths only alias them) and
-README's layout tree naming what is there.
+used only by itself, no source file over 500 lines, folders that import each other one way only (the
+folder-level graph has no circle), each concept in one place (no package that only re-exports
+another) and README's layout tree naming what is there.
 
 `import_graph` parses every module under src/aogpt with `ast` (nothing is imported) and returns its
 ``aogpt.*`` import edges; `find_cycle` finds a cycle in such a graph.
@@ -251,85 +251,124 @@ def test_the_test_command_prints_its_summary_line(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------ one concept, one place
-MOVED = {  # old import path -> the one place the concept lives; the old path is only an alias of it
-    "aogpt.evaluate": "aogpt.evaluation.evaluate",
-    "aogpt.ensemble": "aogpt.evaluation.ensemble",
-    "aogpt.genppl": "aogpt.evaluation.genppl",
-    "aogpt.generate": "aogpt.generation.generate",
-}
-# The family's hooks for scoring and for sampling a model: whoever calls them evaluates or generates,
-# so they are called only in that concept's package (and by the families themselves). Training's
-# validation also scores a run's own fixed order.
+GONE = ("aogpt.evaluate", "aogpt.ensemble", "aogpt.genppl", "aogpt.generate")  # re-export packages, removed
+# The family's hooks for scoring a model: whoever calls them evaluates, so they are called only in
+# evaluation (and by the families themselves). Training's validation also scores a run's own fixed order.
 HOOK_CALLERS = {
     "mc_bound": ("aogpt.evaluation",),
     "conditional_logits": ("aogpt.evaluation",),
     "order_nll": ("aogpt.evaluation", "aogpt.train.validation"),
-    "sampler": ("aogpt.generation",),
-    "adaptive_sampler": ("aogpt.generation",),
-    "speculative_sampler": ("aogpt.generation",),
 }
 
 
-def alias_target(path: Path) -> str | None:
-    """The module that compatibility module `path` stands for, or None when `path` is anything else.
+def only_re_exports(path: Path) -> bool:
+    """`path` (a package's ``__init__.py`` with no other module beside it) holds nothing but a
+    docstring, imports, ``__all__`` and ``sys.modules`` aliasing: a second import path for code that
+    lives elsewhere."""
+    if path.name != "__init__.py" or sorted(path.parent.rglob("*.py")) != [path]:
+        return False
 
-    A compatibility module holds a docstring that names its target, ``import importlib`` / ``import
-    sys`` and ``sys.modules[__name__] = importlib.import_module("<target>")``: nothing else."""
-    body = ast.parse(path.read_text(encoding="utf-8")).body
-    if not body or not isinstance(body[0], ast.Expr) or not isinstance(body[0].value, ast.Constant):
-        return None
-    docstring, rest = body[0].value.value, body[1:]
-    imports = [n for n in rest if isinstance(n, ast.Import)]
-    assigns = [n for n in rest if isinstance(n, ast.Assign)]
-    if len(imports) + len(assigns) != len(rest) or len(assigns) != 1:
-        return None
-    if sorted(a.name for n in imports for a in n.names) != ["importlib", "sys"]:
-        return None
-    expected = 'sys.modules[__name__] = importlib.import_module("{}")'
-    call = assigns[0].value
-    if not (isinstance(call, ast.Call) and len(call.args) == 1 and isinstance(call.args[0], ast.Constant)):
-        return None
-    target = call.args[0].value
-    if ast.unparse(assigns[0]) != expected.format(target).replace('"', "'") or f"`{target}`" not in docstring:
-        return None
-    return target
+    def passes_on(node: ast.stmt) -> bool:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            return True
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            return True  # the docstring
+        if isinstance(node, ast.Assign):
+            text = ast.unparse(node.targets[0])
+            return text == "__all__" or text.startswith("sys.modules")
+        return False
+
+    return all(passes_on(node) for node in ast.parse(path.read_text(encoding="utf-8")).body)
 
 
-def test_alias_checker_accepts_only_pure_aliases(tmp_path: Path) -> None:
-    good = ('"""Moved to `pkg.new.mod`."""\n\nimport importlib\nimport sys\n\n'
-            'sys.modules[__name__] = importlib.import_module("pkg.new.mod")\n')
-    cases = {
-        "good.py": good,
-        "extra.py": good + "def helper():\n    return 1\n",
-        "undocumented.py": good.replace("`pkg.new.mod`", "elsewhere"),
-        "star.py": '"""Moved to `pkg.new.mod`."""\n\nfrom pkg.new.mod import *\n',
+def test_re_export_checker_tells_a_re_export_from_a_package(tmp_path: Path) -> None:
+    texts = {
+        "alias": '"""Moved."""\nimport importlib\nimport sys\n\n'
+                 'sys.modules[__name__] = importlib.import_module("x.y")\n',
+        "star": '"""Moved."""\nfrom x.y import *  # noqa\n__all__ = ["a"]\n',
+        "real": '"""A package."""\nfrom x.y import a\n\ndef b():\n    return a\n',
     }
-    for name, text in cases.items():
-        (tmp_path / name).write_text(text)
-    assert {name: alias_target(tmp_path / name) for name in cases} == {
-        "good.py": "pkg.new.mod", "extra.py": None, "undocumented.py": None, "star.py": None}
+    for name, text in texts.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(text)
+    (tmp_path / "with_module").mkdir()
+    (tmp_path / "with_module" / "__init__.py").write_text(texts["star"])
+    (tmp_path / "with_module" / "impl.py").write_text("a = 1\n")
+    found = {name: only_re_exports(tmp_path / name / "__init__.py") for name in [*texts, "with_module"]}
+    assert found == {"alias": True, "star": True, "real": False, "with_module": False}
 
 
-def test_old_import_paths_only_alias_the_one_place() -> None:
-    """`aogpt.evaluate`, `aogpt.ensemble`, `aogpt.genppl` and `aogpt.generate` keep working as the
-    very modules in `aogpt.evaluation` / `aogpt.generation`, and hold no code of their own (they are
-    packages so that the old file paths are gone: git then follows edits made to the old files on
-    other branches into the new ones)."""
-    import importlib
-
-    files = module_files()
-    aliases = {name: alias_target(path) for name, path in files.items() if alias_target(path)}
-    assert aliases == MOVED
-    for old, new in MOVED.items():
-        assert files[old].name == "__init__.py" and sorted(files[old].parent.rglob("*.py")) == [files[old]]
-        assert not (SRC / Path(*old.split("."))).with_suffix(".py").exists()
-        assert importlib.import_module(old) is importlib.import_module(new)
+def test_no_package_only_re_exports_another() -> None:
+    """Each concept has one import path: no package whose only module hands on names from elsewhere."""
+    wrong = sorted(name for name, path in module_files().items() if only_re_exports(path))
+    assert not wrong, "packages that only re-export: " + ", ".join(wrong)
 
 
-def test_the_library_imports_each_concept_from_its_one_place() -> None:
-    wrong = sorted(f"{module} -> {target} (import {MOVED[target]})" for module, targets in import_graph().items()
-                   for target in targets if target in MOVED)
-    assert not wrong, "old import paths used inside aogpt: " + ", ".join(wrong)
+def test_removed_import_paths_are_gone() -> None:
+    import importlib.util
+
+    assert [old for old in GONE if importlib.util.find_spec(old) is not None] == []
+    assert not any(target in GONE for targets in import_graph().values() for target in targets)
+
+
+# ------------------------------------------------------------------------------ folders depend one way
+def folder_of(module: str, package: str = PACKAGE) -> str:
+    """The node of the folder graph a module belongs to: its top-level subpackage (``aogpt.data`` for
+    ``aogpt.data.shards``), or itself for a module directly under the package (``aogpt.config``)."""
+    return ".".join(module.split(".")[:2]) if in_package(module, package) and module != package else module
+
+
+def folder_graph(graph: dict[str, set[str]], package: str = PACKAGE) -> dict[str, dict[str, list[str]]]:
+    """``{folder: {folder it imports: ["module -> module", ...]}}``: the module edges behind each
+    folder-level edge (imports within a folder are not edges)."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for module, targets in graph.items():
+        for target in sorted(targets):
+            a, b = folder_of(module, package), folder_of(target, package)
+            if a != b:
+                out.setdefault(a, {}).setdefault(b, []).append(f"{module} -> {target}")
+    return out
+
+
+def folder_cycle_message(graph: dict[str, set[str]], package: str = PACKAGE) -> str | None:
+    """None, or which folders import each other in a circle and the module imports behind each step."""
+    folders = folder_graph(graph, package)
+    cycle = find_cycle({a: set(bs) for a, bs in folders.items()})
+    if cycle is None:
+        return None
+    steps = [f"  {a} -> {b}: " + "; ".join(folders[a][b]) for a, b in zip(cycle, cycle[1:], strict=False)]
+    return "folders import each other in a circle " + " -> ".join(cycle) + "\n" + "\n".join(steps)
+
+
+def test_folder_graph_helper_names_the_imports_of_a_circle(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    for sub in ("low", "high"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "util.py").write_text("")
+    (pkg / "low" / "core.py").write_text("from pkg import util\n")
+    (pkg / "high" / "api.py").write_text("from pkg.low import core\n")
+    graph = import_graph(tmp_path, "pkg")
+    assert folder_of("pkg.low.core", "pkg") == "pkg.low" and folder_of("pkg.util", "pkg") == "pkg.util"
+    assert folder_graph(graph, "pkg") == {"pkg.low": {"pkg.util": ["pkg.low.core -> pkg.util"]},
+                                   "pkg.high": {"pkg.low": ["pkg.high.api -> pkg.low.core"]}}
+    assert folder_cycle_message(graph, "pkg") is None  # every module-level import is acyclic, and so are the folders
+    (pkg / "low" / "helper.py").write_text("def f():\n    from pkg.high.api import x\n")
+    graph = import_graph(tmp_path, "pkg")
+    assert find_cycle(graph) is None  # still no circle between files ...
+    message = folder_cycle_message(graph, "pkg")  # ... but the folders lean on each other
+    assert message is not None and "pkg.high -> pkg.low" in message and "pkg.low.helper -> pkg.high.api" in message
+
+
+def test_folders_import_each_other_in_one_direction_only() -> None:
+    """Every folder (top-level subpackage, or a module directly under src/aogpt) can be read and changed
+    below the ones that use it: the folder-level import graph has no circle, of two folders or more."""
+    graph = import_graph()
+    folders = folder_graph(graph)
+    assert "aogpt.families" in folders["aogpt.generation"] and "aogpt.config" in folders  # the graph is seen
+    message = folder_cycle_message(graph)
+    assert message is None, message
 
 
 def hook_calls(path: Path, hooks: Iterable[str]) -> list[tuple[str, int]]:
@@ -339,10 +378,9 @@ def hook_calls(path: Path, hooks: Iterable[str]) -> list[tuple[str, int]]:
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in names]
 
 
-def test_only_evaluation_scores_and_only_generation_samples_through_the_family() -> None:
+def test_only_evaluation_scores_through_the_family() -> None:
     calls = {name: hook_calls(path, HOOK_CALLERS) for name, path in module_files().items()}
     assert {hook for hook, _ in calls["aogpt.evaluation.evaluate"]} >= {"mc_bound", "order_nll", "conditional_logits"}
-    assert {hook for hook, _ in calls["aogpt.generation.generate"]} >= {"sampler", "adaptive_sampler"}
     wrong = sorted(f"{name}:{line} calls {hook}" for name, found in calls.items() for hook, line in found
                    if not in_package(name, "aogpt.families")
                    and not any(in_package(name, allowed) for allowed in HOOK_CALLERS[hook]))

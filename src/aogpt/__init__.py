@@ -11,10 +11,10 @@ The public API, imported on first use (so ``import aogpt`` stays light):
     aogpt.family_of(model)                                     what a model is and can do
     aogpt.make_order_sampler(spec)                             the order vocabulary
 
-`aogpt.generate` and `aogpt.evaluate` are modules that can be called like their main function:
-`aogpt.generation.generate` and `aogpt.evaluation.evaluate` (evaluation lives in `aogpt.evaluation`,
-generation in `aogpt.generation`; the old import paths ``aogpt.generate``, ``aogpt.evaluate``,
-``aogpt.ensemble`` and ``aogpt.genppl`` still import those modules).
+Each name has one import path: these functions and classes here, the rest in the package that
+holds the concept (`aogpt.evaluation.ensemble`, `aogpt.evaluation.genppl`, `aogpt.generation.settings`,
+...). The modules that only re-exported evaluation and generation (``aogpt.evaluate.*``,
+``aogpt.generate.*``, ``aogpt.ensemble``, ``aogpt.genppl``) are gone.
 """
 
 from __future__ import annotations
@@ -30,16 +30,17 @@ _EXPORTS = {
     "model_config": "aogpt.config",
     "save": "aogpt.checkpoint",
     "adapt": "aogpt.adaptation",
+    "generate": "aogpt.generation.generate",
     "infill": "aogpt.generation.generate",
     "GenerationSettings": "aogpt.generation.settings",
     "DecodePlan": "aogpt.generation.settings",
     "SamplingConfig": "aogpt.sampling",
+    "evaluate": "aogpt.evaluation.evaluate",
     "conditional_logprobs": "aogpt.evaluation.evaluate",
     "family_of": "aogpt.families",
     "make_order_sampler": "aogpt.orders",
     "AOGPTError": "aogpt.errors",
 }
-_CALLABLE_MODULES = {"generate": "aogpt.generation.generate", "evaluate": "aogpt.evaluation.evaluate"}
 
 
 def load(path, weights: str = "ema", device="cpu", dtype=None):
@@ -55,11 +56,9 @@ def load(path, weights: str = "ema", device="cpu", dtype=None):
 
 
 def __getattr__(name: str) -> Any:
-    if name in _CALLABLE_MODULES:
-        return importlib.import_module(_CALLABLE_MODULES[name])  # the module, callable as its function
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'aogpt' has no attribute {name!r}")
 
 
-__all__ = ["load", "__version__", *_EXPORTS, *_CALLABLE_MODULES]
+__all__ = ["load", "__version__", *_EXPORTS]

@@ -51,8 +51,99 @@ class _RMSNormFunction(torch.autograd.Function):
         return grad_x, grad_w, None
 
 
+class _HeadRMSNormFunction(torch.autograd.Function):
+    """QK-norm and the move of the heads to the front in one pass: x (B, S, H, D), a view into the
+    fused q/k/v projection, becomes rms_norm(x) * weight laid out (B, H, S, D) contiguous, as the
+    attention's matrix products read it. Autograd through the separate steps (norm on a strided
+    view, transpose, contiguous copy, casts) makes the backward copy each tensor several times."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        B, S, H, D = x.shape
+        # one conversion to float32 (contiguous): every later pass reads it without casting again
+        y = x.to(torch.promote_types(x.dtype, torch.float32), memory_format=torch.contiguous_format, copy=True)
+        r = torch.linalg.vector_norm(y, dim=-1, keepdim=True).square_().div_(D).add_(eps).rsqrt_()
+        y.mul_(r)
+        out = torch.empty((B, H, S, D), dtype=x.dtype, device=x.device)
+        torch.mul(y, weight.to(y.dtype), out=out.transpose(1, 2))
+        ctx.save_for_backward(y, r, weight)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        y, r, weight = ctx.saved_tensors
+        g = grad.transpose(1, 2).to(y.dtype, memory_format=torch.contiguous_format, copy=True)  # (B, S, H, D), like y
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[1]:
+            rows = (g * y).view(-1, y.shape[-1])
+            grad_w = (rows.new_ones(rows.shape[0]) @ rows).to(weight.dtype)
+        if ctx.needs_input_grad[0]:
+            g.mul_(weight.to(y.dtype))
+            mean = torch.linalg.vecdot(g, y).unsqueeze_(-1).div_(y.shape[-1])
+            g.addcmul_(y, mean, value=-1).mul_(r)
+            grad_x = g.to(grad.dtype)
+        return grad_x, grad_w, None
+
+
+class _ModulatedRMSNormFunction(torch.autograd.Function):
+    """adaLN's input: rms_norm(x) * scale + shift in one pass, written in the dtype the next matrix
+    product reads (bf16 under autocast, so no separate cast), where scale and shift are one row per
+    position broadcast over the batch ((1, S, d) or (B, S, d)). The backward computes the gradients of
+    x, scale and shift from the saved normalised x without materialising the intermediate steps."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float,
+                out_dtype: torch.dtype) -> torch.Tensor:
+        r = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.promote_types(x.dtype, torch.float32))
+        r = r.square_().div_(x.shape[-1]).add_(eps).rsqrt_()
+        n = x * r
+        out = torch.empty(n.shape, dtype=out_dtype, device=x.device)
+        torch.addcmul(shift, n, scale, out=out)
+        ctx.save_for_backward(n, r, scale)
+        ctx.shapes = (shift.shape, scale.shape)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        n, r, scale = ctx.saved_tensors
+        shift_shape, scale_shape = ctx.shapes
+        g = grad.to(n.dtype)
+        grad_x = grad_shift = grad_scale = None
+        if ctx.needs_input_grad[1]:
+            grad_shift = _sum_to(g, shift_shape)
+        if ctx.needs_input_grad[2]:
+            grad_scale = _sum_to(g * n, scale_shape)
+        if ctx.needs_input_grad[0]:
+            gn = g * scale
+            mean = torch.linalg.vecdot(gn, n).unsqueeze_(-1).div_(n.shape[-1])
+            grad_x = gn.addcmul_(n, mean, value=-1).mul_(r)
+        return grad_x, grad_shift, grad_scale, None, None
+
+
+def _sum_to(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Sum `t` over the leading axes a broadcast row (1, S, d) was expanded along."""
+    return t.sum(0, keepdim=True) if shape[0] == 1 and t.shape[0] != 1 else t
+
+
+def modulated_rms_norm(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms_norm(x) * scale + shift (no norm weight: adaLN folds it into `scale`), in the autocast dtype
+    when autocast is on (what the next linear layer reads)."""
+    if x.is_cuda or torch.compiler.is_compiling() or shift.dim() != 3 or scale.dim() != 3:
+        return torch.addcmul(shift, rms_norm(x, None, eps), scale)
+    out_dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else \
+        torch.promote_types(x.dtype, torch.promote_types(shift.dtype, scale.dtype))
+    return _ModulatedRMSNormFunction.apply(x, shift, scale, eps, out_dtype)
+
+
+def head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms_norm(x) * weight over the last axis of x (B, S, H, D), returned as (B, H, S, D) contiguous."""
+    if x.is_cuda or torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return rms_norm(x, weight, eps).transpose(1, 2)
+    return _HeadRMSNormFunction.apply(x, weight, eps)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    if x.is_cuda:
+    if x.is_cuda or torch.compiler.is_compiling():  # compiled: inductor fuses the plain formula
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     if not torch.is_grad_enabled():
         d = x.shape[-1]
@@ -75,10 +166,17 @@ class RMSNorm(nn.Module):
         """Without the affine part (adaLN folds the weight into its per-position scale)."""
         return rms_norm(x, None, self.eps)
 
+    def modulate(self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """adaLN's ``normalize(x) * scale + shift`` (`fold_affine` made shift and scale), fused."""
+        return modulated_rms_norm(x, shift, scale, self.eps)
+
 
 class LayerNorm(nn.LayerNorm):
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, self.normalized_shape, None, None, self.eps)
+
+    def modulate(self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(shift, self.normalize(x), scale)
 
 
 def make_norm(cfg: ModelConfig, dim: int) -> nn.Module:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aogpt.compiling import CHOICES as COMPILE_CHOICES
 from aogpt.errors import AOGPTError, check_choice
 from aogpt.families import family
 from aogpt.orders import Mallows, make_curriculum, make_order_sampler
@@ -113,6 +114,8 @@ class TrainConfig:
     """Optimisation, orders, evaluation and checkpoints. Every number states its range
     (`aogpt.validation.bounded`); `validate` checks them and the combinations."""
 
+    LEGACY_VALUES: typing.ClassVar[dict[str, dict[Any, Any]]] = {"compile": {True: "on", False: "off"}}
+
     batch_size: int = bounded(16, ge=1, le=2**24)  # sequences per micro-batch (per process)
     grad_accum: int = bounded(1, ge=1, le=2**20)
     global_batch_tokens: int = bounded(0, ge=0, le=2**48)  # if > 0: grad_accum is derived from it
@@ -156,7 +159,7 @@ class TrainConfig:
     seed: int = bounded(1337, ge=0, le=SEED_MAX)
     device: str = "auto"
     dtype: str = "auto"  # auto: bf16 autocast on hardware with bf16 units, else fp32 (device.auto_precision)
-    compile: bool = False
+    compile: str = "auto"  # auto, on or off: torch.compile the training step (aogpt.compiling decides auto)
     fsdp: bool = False
     init_from: str = ""  # a checkpoint directory to start from (weights only)
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes saved with the run
@@ -176,6 +179,7 @@ class TrainConfig:
             raise AOGPTError(f"unknown device {self.device!r}", "use auto, cpu, cuda or cuda:N")
         make_curriculum(self.curriculum, self.order, self.l2r_first_steps)  # unknown or malformed specs are refused
         check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        check_choice("compile", self.compile, COMPILE_CHOICES)  # aogpt.compiling decides what auto means
         return self
 
 
@@ -282,8 +286,11 @@ def apply_overrides(obj: Any, values: dict[str, Any], where: str) -> Any:
     """Return a copy of dataclass `obj` with `values` set, checking names and types."""
     hints = typing.get_type_hints(type(obj))
     names = {f.name for f in dataclasses.fields(obj)}
+    legacy = getattr(type(obj), "LEGACY_VALUES", {})
     checked = {}
     for key, value in values.items():
+        if key in legacy and isinstance(value, bool) and value in legacy[key]:
+            value = legacy[key][value]  # a value an older version wrote, in today's spelling
         if key not in names:
             raise AOGPTError(f"unknown key {key!r} in {where}", f"valid keys: {', '.join(sorted(names))}")
         checked[key] = _coerce(key, value, hints[key], where)

@@ -28,7 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
+
+from aogpt.attention import KERNELS, attend
 
 
 @dataclass
@@ -40,30 +41,29 @@ class Conditions:
     final: torch.Tensor
 
 
-ATTENTION = ("sdpa", "flex")
+ATTENTION = KERNELS  # the kernels a decode step may use (`aogpt.attention`)
+
+
+def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean attention mask as the additive one attention uses (0 where allowed, -inf elsewhere),
+    converted once when the step is planned rather than in every layer."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
+def step_mask(cols: torch.Tensor, decided: int | torch.Tensor, span: int) -> torch.Tensor:
+    """Who a step's rows may attend to: the row at cache column `col` sees the decided columns
+    c < decided up to itself (catch-ups are causal) and itself (a query sees no other query).
+    cols (..., S), decided an int or (..., 1) -> bool (..., S, span)."""
+    a = torch.arange(span, device=cols.device)
+    col = cols[..., None]
+    decided = decided[..., None] if isinstance(decided, torch.Tensor) else decided
+    return ((a < decided) & (a <= col)) | (a == col)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
               kind: str = "sdpa") -> torch.Tensor:
-    """softmax(q k^T / sqrt(d) + mask) v. ``sdpa``: torch's scaled_dot_product_attention (the
-    reference path); ``flex``: FlexAttention with the additive mask as a score modification (fast
-    only under torch.compile, where it is fused)."""
-    if kind == "flex" and mask is not None:
-        import warnings
-
-        from torch.nn.attention.flex_attention import flex_attention
-
-        if mask.dtype == torch.bool:
-            mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
-        mask = mask.expand(q.shape[0], *mask.shape[1:])  # one row per sequence, as score_mod indexes it
-
-        def add_mask(score, b, h, q_idx, kv_idx):
-            return score + mask[b, 0, q_idx, kv_idx]
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # eager FlexAttention warns that it is unfused
-            return flex_attention(q, k, v, score_mod=add_mask)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    """softmax(q k^T / sqrt(d) + mask) v over the cache's columns, by `aogpt.attention.attend`."""
+    return attend(q, k, v, mask, kind=kind)
 
 
 @dataclass

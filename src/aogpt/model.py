@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from aogpt.attention import AttentionMask, attend
 from aogpt.backbone import (  # noqa: F401 (RMSNorm, LayerNorm, rms_norm: their old import path)
     MLP,
     LayerNorm,
@@ -36,6 +38,7 @@ from aogpt.backbone import (  # noqa: F401 (RMSNorm, LayerNorm, rms_norm: their 
     _RMSNormFunction,
     apply_rotary,
     fold_affine,
+    head_rms_norm,
     make_norm,
     rms_norm,
     rotary_tables,
@@ -83,13 +86,17 @@ class SelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.layer_idx = layer_idx
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, cache: KVCache | None,
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | AttentionMask | None, cache: KVCache | None,
                 cache_pos: int | torch.Tensor | PackedSlots | None = None,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None, kernel: str = "auto") -> torch.Tensor:
         B, S, d = x.shape
-        q, k, v = (t.view(B, S, -1, d // self.n_head).transpose(1, 2) for t in self.c_attn(x).split(self.split, dim=2))
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (t.view(B, S, -1, d // self.n_head) for t in self.c_attn(x).split(self.split, dim=2))
+        if self.qk_norm:  # over each head's vector, as the heads move to the front
+            q = head_rms_norm(q, self.q_norm.weight, self.q_norm.eps)
+            k = head_rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+        else:
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+        v = v.transpose(1, 2)
         if rope is not None:
             q, k = apply_rotary(q, rope), apply_rotary(k, rope)
         if self.n_kv_head != self.n_head:
@@ -97,9 +104,8 @@ class SelfAttention(nn.Module):
         if cache is not None:
             y = cache.attend(self.layer_idx, q, k, v, cache_pos, attn_mask)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                               dropout_p=self.dropout if self.training else 0.0,
-                                               is_causal=self.causal and attn_mask is None)
+            y = attend(q, k, v, attn_mask, causal=self.causal, dropout=self.dropout if self.training else 0.0,
+                       kind=kernel)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, S, d)))
 
 
@@ -128,20 +134,20 @@ class Block(nn.Module):
         return torch.cat([*fold_affine(self.ln_1, shift_a, scale_a), gate_a,
                           *fold_affine(self.ln_2, shift_m, scale_m), gate_m], dim=-1)
 
-    def forward(self, x: torch.Tensor, cond: torch.Tensor | None, attn_mask: torch.Tensor | None,
+    def forward(self, x: torch.Tensor, cond: torch.Tensor | None, attn_mask: torch.Tensor | AttentionMask | None,
                 cache: KVCache | None, cache_pos: int | torch.Tensor | PackedSlots | None = None,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None, kernel: str = "auto") -> torch.Tensor:
         if callable(cond):
             cond = cond(self)
         if not self.adaptive:
             if cond is not None:
                 x = x + cond
-            x = x + self.attn(self.ln_1(x), attn_mask, cache, cache_pos, rope)
+            x = x + self.attn(self.ln_1(x), attn_mask, cache, cache_pos, rope, kernel)
             return x + self.mlp(self.ln_2(x))
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = cond if isinstance(cond, tuple) else cond.chunk(6, -1)
-        h = torch.addcmul(shift_a, self.ln_1.normalize(x), scale_a)
-        x = torch.addcmul(x, gate_a, self.attn(h, attn_mask, cache, cache_pos, rope))
-        h = torch.addcmul(shift_m, self.ln_2.normalize(x), scale_m)
+        h = self.ln_1.modulate(x, shift_a, scale_a)
+        x = torch.addcmul(x, gate_a, self.attn(h, attn_mask, cache, cache_pos, rope, kernel))
+        h = self.ln_2.modulate(x, shift_m, scale_m)
         return torch.addcmul(x, gate_m, self.mlp(h))
 
 
@@ -159,7 +165,21 @@ class FinalLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cond: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
         shift, scale = cond if isinstance(cond, tuple) else cond.chunk(2, dim=-1)
-        return torch.addcmul(shift, self.ln_f.normalize(x), scale)
+        return self.ln_f.modulate(x, shift, scale)
+
+
+@dataclass
+class Kernels:
+    """How a forward is computed, never what: the attention kernel (`aogpt.attention.KERNELS`), and
+    whether an any-order read is laid out by target position (`Transformer.forward`). Switching them
+    changes speed and rounding only; ``Kernels.reference()`` is the plain layout with torch's SDPA."""
+
+    attention: str = "auto"
+    by_target: bool = True
+
+    @classmethod
+    def reference(cls) -> Kernels:
+        return cls(attention="sdpa", by_target=False)
 
 
 class Transformer(nn.Module):
@@ -167,6 +187,7 @@ class Transformer(nn.Module):
         super().__init__()
         cfg.validate()
         self.config = cfg
+        self.kernels = Kernels()
         d, concat = cfg.n_embd, cfg.target == "input-concat"
         parts: dict[str, nn.Module] = {"wte": nn.Embedding(cfg.vocab_size, d)}
         if cfg.positions == "learned":  # rotary positions rotate queries and keys instead (`aogpt.backbone`)
@@ -240,7 +261,8 @@ class Transformer(nn.Module):
         tok = tr.wte(tokens.clamp(min=0))
         tok = torch.where((tokens < 0).unsqueeze(-1), tr.wnonee.weight, tok)
         if self.config.target == "input-concat":
-            return tok + torch.cat([tr.wpe(pos), embed_target(tr.wtpe, target)], dim=-1)
+            here, there = tr.wpe(pos), embed_target(tr.wtpe, target)  # a (1, S) target row serves every sequence
+            return tok + torch.cat([here, there.expand(*here.shape[:-1], -1)], dim=-1)
         x = tok + tr.wpe(pos) if "wpe" in tr else tok
         if self.config.target == "input":
             x = x + embed_target(tr.wtpe, target)
@@ -308,11 +330,12 @@ class Transformer(nn.Module):
         x = self.transformer.drop(self.embed(tokens, pos, target))
         cfg = self.config
         rope = rotary_tables(pos, cfg.head_dim, cfg.rope_theta) if cfg.positions == "rotary" else None
+        kernel = self.kernels.attention
         for block, cond in zip(self.transformer.h, self._block_conditions(target, conditions), strict=True):
-            x = block(x, cond, attn_mask, cache, cache_pos, rope)
+            x = block(x, cond, attn_mask, cache, cache_pos, rope, kernel)
         if select is not None:
             x = x.gather(1, select.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-            target = target.gather(1, select)
+            target = target.expand(select.shape[0], -1).gather(1, select)
         if self.config.target == "adaln":
             final = self.transformer.final_layer
             x = final(x, self._adaptive(final, target, None if conditions is None else conditions.final))
@@ -335,13 +358,14 @@ class Transformer(nn.Module):
         return tokens, pos, target
 
     def forward(self, idx: torch.Tensor, order: torch.Tensor | None = None, *, mask: torch.Tensor | None = None,
-                with_last_slot: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                with_last_slot: bool = False, logits: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Decoder: read `idx` (B, n) in `order` (B, n; default left to right) in one causal pass.
 
         Returns logits (B, n, V), row i predicting the token at ``order[:, i]`` from the tokens at
         ``order[:, :i]`` (plus the target-less last slot if `with_last_slot`), and the per-step
         losses (B, n) = -log p(x[order[:, i]] | ...), in at least float32. Their sum over i is the
-        exact negative log-likelihood of the sequence under this order.
+        exact negative log-likelihood of the sequence under this order. `logits=False` returns None
+        for the logits (training needs the losses only; any-order reads then skip reordering them).
 
         Encoder-only MDM: `mask` (B, n) bool marks the hidden positions; returns logits (B, n, V) at
         every position and losses (B, n) = -log p(x_j | unmasked tokens) (meaningful where masked).
@@ -364,8 +388,41 @@ class Transformer(nn.Module):
         elif cfg.target == "none" and not torch.compiler.is_compiling() and not bool(
                 (order == torch.arange(n, device=order.device)).all()):  # (a data-dependent check: eager only)
             raise AOGPTError(f"variant {cfg.variant} reads left to right only", "use order l2r")
-        logits = self.forward_slots(*self.slots_for_order(idx, order, with_last_slot))
-        return logits, token_nll(logits[:, :n], idx.gather(1, order))
+        if cfg.target != "none" and self.kernels.by_target:
+            rows = self.forward_by_target(idx, order, with_last_slot)
+            losses = token_nll(rows[:, :n], idx).gather(1, order)  # slot t predicted the token at order[:, t]
+            if not logits:
+                return None, losses
+            where = order if not with_last_slot else torch.cat([order, order.new_full((B, 1), n)], dim=1)
+            return rows.gather(1, where.unsqueeze(-1).expand(-1, -1, rows.shape[-1])), losses
+        out = self.forward_slots(*self.slots_for_order(idx, order, with_last_slot))
+        return (out if logits else None), token_nll(out[:, :n], idx.gather(1, order))
+
+    def forward_by_target(self, idx: torch.Tensor, order: torch.Tensor, with_last_slot: bool = False) -> torch.Tensor:
+        """The slots of reading `idx` in `order`, laid out by the position each predicts: row p is the
+        slot whose target is p (it holds the token read just before x[p], or the start token), and it
+        attends to the rows read no later than itself. The same function as the slot layout of
+        `slots_for_order` (the rows are a permutation of its slots and the mask follows them), but
+        every sequence's targets are now 0..n-1 in that order: the target's modulation is one
+        (1, n, d) row per position broadcast over the batch, instead of a gather per slot whose
+        backward scatters. Returns logits (B, n, V), row p predicting x[p] (with `with_last_slot`, a
+        last row n with no target, holding the last token read)."""
+        B, n = idx.shape
+        steps = torch.arange(n, device=idx.device)
+        rank = torch.empty_like(order).scatter_(1, order, steps.expand(B, n))  # rank[b, p]: when p is read
+        before = order.gather(1, (rank - 1).clamp(min=0))  # the position read just before p
+        first = rank == 0
+        tokens = idx.gather(1, before).masked_fill(first, -1)
+        pos = (before + 1).masked_fill(first, 0)
+        target = steps[None]
+        if with_last_slot:
+            last = order[:, -1:]
+            tokens = torch.cat([tokens, idx.gather(1, last)], dim=1)
+            pos = torch.cat([pos, last + 1], dim=1)
+            target = torch.cat([target, target.new_full((1, 1), self.config.block_size)], dim=1)
+            rank = torch.cat([rank, rank.new_full((B, 1), n)], dim=1)
+        allowed = (rank[:, None, :] <= rank[:, :, None]).unsqueeze(1)  # (B, 1, rows, rows)
+        return self.forward_slots(tokens, pos, target, attn_mask=AttentionMask(allowed))
 
     def setup_cache(self, batch: int, capacity: int | None = None, attention: str = "sdpa") -> KVCache:
         """A static KV cache for `batch` sequences of up to `capacity` slots (default: the context

@@ -28,8 +28,10 @@ def _fast_tokenizer(kind: str, bos: bool) -> object:
                                    **special)
 
 
-def make_hf(root: Path, arch: str, *, bos: bool = True, tied: bool = False, seed: int = 0) -> Path:
-    """A folder holding a tiny `arch` model (gpt2, llama, qwen2) and its tokenizer."""
+def make_hf(root: Path, arch: str, *, bos: bool = True, tied: bool = False, seed: int = 0,
+            tokenizer: bool = True) -> Path:
+    """A folder holding a tiny `arch` model (gpt2, llama, qwen2) and, unless `tokenizer` is False, its
+    tokenizer."""
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
@@ -44,9 +46,10 @@ def make_hf(root: Path, arch: str, *, bos: bool = True, tied: bool = False, seed
                       bos_token_id=256 if bos else None, eos_token_id=256)
         model, tok = cls(cfg), _fast_tokenizer("bytes", bos)
     model = _noisy(model, seed).eval()
-    out = root / f"{arch}-{'bos' if bos else 'nobos'}-{'tied' if tied else 'untied'}"
+    out = root / f"{arch}-{'bos' if bos else 'nobos'}-{'tied' if tied else 'untied'}{'' if tokenizer else '-notok'}"
     model.save_pretrained(out)
-    tok.save_pretrained(out)
+    if tokenizer:
+        tok.save_pretrained(out)
     return out
 
 

@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from aogpt.adaptation import adapt
+from aogpt.errors import AOGPTError
+from tests.adaptation.conftest import make_hf
 
 TOL = 1e-5
 
@@ -42,10 +44,48 @@ def test_the_start_slot_is_the_beginning_of_text_token(hf_models):
     from transformers import AutoModelForCausalLM
 
     src = AutoModelForCausalLM.from_pretrained(hf_models["gpt2"])
-    model = adapt(hf_models["gpt2"], "aogpt").model
-    assert torch.equal(model.transformer.wnonee.weight[0], src.transformer.wte.weight[50256])
+    gpt2 = adapt(hf_models["gpt2"], "aogpt")
+    assert torch.equal(gpt2.model.transformer.wnonee.weight[0], src.transformer.wte.weight[50256])
+    assert gpt2.meta["adapted_from"]["start"] == \
+        "the source's beginning-of-text token '<|endoftext|>' (id 50256, its tokenizer's bos_token)"
+    llama = adapt(hf_models["llama"], "aogpt")
+    assert llama.meta["adapted_from"]["start"] == \
+        "the source's beginning-of-text token '<|endoftext|>' (id 256, its tokenizer's bos_token)"
     no_bos = adapt(hf_models["qwen2"], "aogpt")
-    assert "mean token embedding" in no_bos.meta["adapted_from"]["start"]
+    assert no_bos.meta["adapted_from"]["start"] == \
+        "the mean token embedding (the source has no beginning-of-text token)"
+    wte = AutoModelForCausalLM.from_pretrained(hf_models["qwen2"]).get_input_embeddings().weight
+    torch.testing.assert_close(no_bos.model.transformer.wnonee.weight[0], wte.mean(0))
+
+
+def test_a_config_bos_without_a_tokenizer_bos_is_the_start_slot(tmp_path):
+    """The same rule when only the model's config names the beginning-of-text token."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    src = make_hf(tmp_path, "qwen2", bos=False)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "bos_token_id": 256}))
+    adapted = adapt(src, "aogpt")
+    assert adapted.meta["adapted_from"]["start"] == \
+        "the source's beginning-of-text token '<|endoftext|>' (id 256, its config's bos_token_id)"
+    wte = AutoModelForCausalLM.from_pretrained(src).get_input_embeddings().weight
+    assert torch.equal(adapted.model.transformer.wnonee.weight[0], wte[256])
+
+
+def test_a_source_without_tokenizer_files_is_refused_alike_for_every_family(tmp_path):
+    """`transformers` builds an empty GPT-2 or Qwen2 tokenizer from no files and fails for Llama: every
+    family is refused with the same message instead, before anything is written."""
+    messages = set()
+    for arch in ("gpt2", "qwen2", "llama"):
+        src = make_hf(tmp_path, arch, tokenizer=False)
+        with pytest.raises(AOGPTError) as info:
+            adapt(src, "aogpt", tmp_path / f"out-{arch}")
+        messages.add((info.value.what.replace(str(src), "SRC"), info.value.fix))
+        assert not (tmp_path / f"out-{arch}").exists()
+    assert messages == {("SRC has no tokenizer files: none of tokenizer.json, vocab.json, tokenizer.model, vocab.txt",
+                         "save the model's tokenizer beside it: tokenizer.save_pretrained(FOLDER)")}
 
 
 def test_architecture_switches_are_the_sources(hf_models):

@@ -64,3 +64,19 @@ def test_data_of_another_tokenizer_is_refused(cli, tmp_path, bytes_data):
     assert cli("adapt", "--from", make_hf(tmp_path, "llama"), "--out", adapted).code == 0
     res = cli("train", "--variant", "aogpt", "--init-from", adapted, "--data", bytes_data, "--out", tmp_path / "r")
     assert res.code == 2 and "was prepared with tokenizer bytes, not hf" in res.err
+
+
+def test_the_plan_line_names_the_start_slot_and_a_source_without_a_tokenizer_is_one_error(cli, capsys, tmp_path):
+    res = cli("adapt", "--from", make_hf(tmp_path, "gpt2"), "--variant", "sigma", "--out", tmp_path / "a", "--json")
+    assert res.code == 0, res.err
+    start = "the source's beginning-of-text token '<|endoftext|>' (id 50256, its tokenizer's bos_token)"
+    assert f"start slot: {start}" in res.out and res.json["start_slot"] == start
+    res = cli("adapt", "--from", make_hf(tmp_path, "qwen2", bos=False), "--out", tmp_path / "b")
+    assert res.code == 0 and "start slot: the mean token embedding" in res.out
+    sources = {arch: make_hf(tmp_path, arch, tokenizer=False) for arch in ("gpt2", "qwen2", "llama")}
+    capsys.readouterr()  # transformers' saving bars
+    for arch, src in sources.items():
+        res = cli("adapt", "--from", src, "--out", tmp_path / f"out-{arch}")
+        assert res.code == 2 and res.err.startswith(f"error: {src} has no tokenizer files"), res.err
+        assert len(res.err.strip().splitlines()) == 1 and "Traceback" not in res.err
+        assert not (tmp_path / f"out-{arch}").exists()

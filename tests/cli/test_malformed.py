@@ -322,7 +322,8 @@ CASES: list[tuple[list[str], str]] = [
     (["adapt", "--from", "{s}/hf-bert", "--out", "{t}/a"], "is not a causal (left-to-right) language model"),
     (["adapt", "--from", "{s}/hf-neox", "--out", "{t}/a"], "architecture GPTNeoXForCausalLM"),
     (["adapt", "--from", "{s}/hf-llama-gpt2-tokenizer", "--out", "{t}/a"], "the tokenizer has 50257 tokens"),
-    (["adapt", "--from", "{s}/hf-llama-no-tokenizer", "--out", "{t}/a"], "has no tokenizer that loads"),
+    (["adapt", "--from", "{s}/hf-llama-no-tokenizer", "--out", "{t}/a"], "has no tokenizer files"),
+    (["adapt", "--from", "{s}/hf-llama-bad-tokenizer", "--out", "{t}/a"], "has no tokenizer that loads"),
     (["adapt", "--from", "{s}/imported", "--out", "{s}"], "already exists"),
     (["adapt", "--from", "{run}", "--variant", "gpt", "--out", "{t}/a"], "invalid choice"),
     (["adapt", "--from", "{run}", "--out", "{t}/a", "--block-size", "0"], "argument --block-size"),
@@ -395,6 +396,8 @@ def _foreign_models(s: Path) -> None:
                   intermediate_size=8).save_pretrained(s / "hf-neox")
     llama = make_hf(s, "llama")
     shutil.copytree(llama, s / "hf-llama-no-tokenizer", ignore=shutil.ignore_patterns("tokenizer*", "special*"))
+    shutil.copytree(llama, s / "hf-llama-bad-tokenizer")
+    (s / "hf-llama-bad-tokenizer" / "tokenizer.json").write_text("{not json")
     llama.rename(s / "hf-llama-gpt2-tokenizer")
     _fast_tokenizer("gpt2", True).save_pretrained(s / "hf-llama-gpt2-tokenizer")
 

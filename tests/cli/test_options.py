@@ -38,6 +38,7 @@ BASES = {  # an invocation that is valid on its own; the random options are adde
     "bench generate": ["bench", "generate", "--quick", "--out", "{t}/b", "--no-progress"],
     "bench density": ["bench", "density", "--quick", "--out", "{t}/b", "--no-progress"],
     "bench train": ["bench", "train", "--quick", "--out", "{t}/b", "--no-progress"],
+    "bench attention": ["bench", "attention", "--quick", "--out", "{t}/b", "--no-progress"],
     "bench eval": ["bench", "eval", "--quick", "--out", "{t}/b", "--no-progress"],
     "bench prepare": ["bench", "prepare", "--quick", "--corpus", "{corpus}", "--out", "{t}/b", "--no-progress"],
     "bench speculative": ["bench", "speculative", "--checkpoint", "aogpt={run}", "--n", "8", "--batch", "1",

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from aogpt.reproduce import stats
+from aogpt import stats
 from aogpt.reproduce.findings import FINDINGS
 
 VERDICTS = {stats.REPRODUCED, stats.NOT_REPRODUCED, stats.INCONCLUSIVE}

@@ -16,10 +16,11 @@ from torch import nn
 from aogpt.config import model_config
 from aogpt.errors import AOGPTError
 from aogpt.evaluation.ensemble import ensemble_losses, ensemble_sequence_nll
-from aogpt.evaluation.evaluate import conditional_logprobs, draw_seed, evaluate, summarize
+from aogpt.evaluation.evaluate import conditional_logprobs, evaluate, summarize
 from aogpt.families import FAMILIES, family_of, register
 from aogpt.families.base import ModelFamily
 from aogpt.model import Transformer
+from aogpt.seeds import draw_seed
 from tests.helpers import prefix_conditional, random_model
 
 

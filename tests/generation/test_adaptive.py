@@ -1,7 +1,7 @@
 """Adaptive orders (confidence, margin, entropy) against an independent recomputation.
 
 The reference decoder `recompute` below knows nothing of the KV cache, packing or the samplers: at
-every step it asks `aogpt.evaluate.conditional_logprobs` for every remaining position given the chain
+every step it asks `aogpt.conditional_logprobs` for every remaining position given the chain
 decided so far (one plain forward), scores them with numpy, takes the best, and draws the tokens
 with the same token rule and generator. The generator's orders, tokens and recorded logits must
 equal it, for decoders and the encoder, with prompts, blanks, batches, several positions per step,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from aogpt.generate import generate, infill
+from aogpt.generation.generate import generate, infill
 from tests.helpers import random_model
 
 CASES = [

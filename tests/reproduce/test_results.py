@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aogpt.reproduce import stats
+from aogpt import stats
 from aogpt.reproduce.findings import Check, const, value
 from aogpt.reproduce.results import judge
-from aogpt.reproduce.stats import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Measurement
+from aogpt.stats import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Measurement
 
 
 def lookup_of(table):

@@ -14,16 +14,19 @@ def refuse(source: Any, what: str, fix: str = "adapt a model with the family's s
 
 
 def start_row(model: Any, tokenizer: Any, embeddings: torch.Tensor) -> tuple[torch.Tensor, str]:
-    """The start slot's embedding: the source's beginning-of-text token's row, so the adapted model's
-    first slot is what the source sees before its first token. A source without one gets the mean
-    of its token embeddings: left to right the adapted model then equals the source fed that vector
-    first (`inputs_embeds`), and fine-tuning learns the start slot like any other weight."""
-    bos = getattr(tokenizer, "bos_token_id", None)
+    """The start slot's embedding, and the plan line's words for it. One rule for every source: the
+    source's beginning-of-text token (its tokenizer's ``bos_token``, else its config's
+    ``bos_token_id``), so the adapted model's first slot is what the source sees before its first
+    token. A source without one gets the mean of its token embeddings: left to right the adapted
+    model then equals the source fed that vector first (`inputs_embeds`), and fine-tuning learns the
+    start slot like any other weight."""
+    bos, where = getattr(tokenizer, "bos_token_id", None), "its tokenizer's bos_token"
     if bos is None:
-        bos = getattr(model.config, "bos_token_id", None)
+        bos, where = getattr(model.config, "bos_token_id", None), "its config's bos_token_id"
     if isinstance(bos, int) and 0 <= bos < embeddings.shape[0]:
-        name = tokenizer.convert_ids_to_tokens(bos) if hasattr(tokenizer, "convert_ids_to_tokens") else bos
-        return embeddings[bos].clone()[None], f"the source's beginning-of-text token {name!r} (id {bos})"
+        name = tokenizer.convert_ids_to_tokens(bos) if hasattr(tokenizer, "convert_ids_to_tokens") else None
+        shown = f" {name!r}" if isinstance(name, str) else ""
+        return embeddings[bos].clone()[None], f"the source's beginning-of-text token{shown} (id {bos}, {where})"
     return embeddings.mean(0, keepdim=True), "the mean token embedding (the source has no beginning-of-text token)"
 
 

@@ -92,7 +92,24 @@ def _read_transformers(source: str | Path) -> Source:
     return readers[arch](model, tokenizer, source)
 
 
+# What a tokenizer is read from: its Hugging Face JSON, or the vocabulary files it is built from.
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "vocab.txt")
+
+
+def _has_tokenizer_files(source: str | Path) -> bool:
+    from transformers.utils import cached_file
+
+    return any(cached_file(str(source), name, _raise_exceptions_for_missing_entries=False,
+                           _raise_exceptions_for_connection_errors=False) is not None for name in TOKENIZER_FILES)
+
+
 def _hf_tokenizer(source: str | Path) -> Any:
+    """The source's own tokenizer. One rule for every architecture: without tokenizer files beside the
+    model there is nothing to adapt with (`transformers` would build an empty vocabulary for some
+    families and fail for others), so the source is refused the same way whatever its family."""
+    if not _has_tokenizer_files(source):
+        raise AOGPTError(f"{source} has no tokenizer files: none of {', '.join(TOKENIZER_FILES)}",
+                         "save the model's tokenizer beside it: tokenizer.save_pretrained(FOLDER)")
     try:
         from transformers import AutoTokenizer
 

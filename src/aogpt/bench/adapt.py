@@ -154,7 +154,7 @@ def run(data_root: Path, *, budget: float = 120.0, seeds: int = 3, seed: int = 0
 
 
 def _estimate(values: list[float]) -> dict[str, float]:
-    from aogpt.reproduce.stats import Measurement, mean_interval
+    from aogpt.stats import Measurement, mean_interval
 
     est = mean_interval(Measurement.of(values, "seeds"))
     return {"mean": est.value, "low": est.low, "high": est.high, "n": len(values)}

@@ -1,6 +1,6 @@
 """The recipe sweep's report: one table row per candidate over its seeds, and its curves as a PNG.
 
-Figures over seeds are means with a Student-t 95% interval (`aogpt.reproduce.stats`); a candidate
+Figures over seeds are means with a Student-t 95% interval (`aogpt.stats`); a candidate
 has left the unigram plateau at the first validation point `PLATEAU_MARGIN` bits per byte below the
 unigram level of the scored text (`aogpt.bench.diagnostics.unigram_bpb`).
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from aogpt.plots import save_png
-from aogpt.reproduce.stats import Measurement, mean_interval
+from aogpt.stats import Measurement, mean_interval
 
 PLATEAU_MARGIN = 0.3  # bits per byte below the unigram level
 

@@ -69,7 +69,7 @@ def bench_speculative(aogpt: Any, *, gpt: Any = None, ns: list[int] = (128, 256)
 
     model = getattr(aogpt, "model", aogpt)
     gpt_model = getattr(gpt, "model", gpt)
-    family_of(model).speculative_sampler  # noqa: B018 - a family that cannot speculate fails below, clearly
+    family_of(model)  # not an aogpt model: a clear error now; a family that cannot speculate fails below
     ks = _ks([str(k) for k in ks])
     if repeats < 1 or samples < 2 or not ns or not batches:
         raise AOGPTError("repeats >= 1, samples >= 2 and some n and batch sizes are needed", "fix the flags")

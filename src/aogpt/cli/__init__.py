@@ -12,6 +12,7 @@ import importlib
 import os
 import sys
 
+from aogpt.allocator import keep_freed_memory
 from aogpt.errors import AOGPTError
 
 COMMANDS = ["prepare", "train", "adapt", "sample", "eval", "bench", "convert", "harness", "compare", "reproduce",
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    keep_freed_memory()  # every command runs steps that free and re-allocate the same tensors (aogpt.allocator)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

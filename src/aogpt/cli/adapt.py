@@ -50,5 +50,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"next: aogpt train --init-from {args.out} --variant {args.variant} --data DIR --out RUN")
     if args.json:
         emit_json({"command": "adapt", "out": str(args.out), "variant": args.variant, "parameters": params,
-                   "source": str(args.source), "kind": loaded.meta["adapted_from"]["kind"]})
+                   "source": str(args.source), "kind": loaded.meta["adapted_from"]["kind"],
+                    "start_slot": loaded.meta["adapted_from"]["start"]})
     return 0

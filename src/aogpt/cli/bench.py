@@ -18,6 +18,7 @@ from aogpt.cli.bench_common import (
     setup,
     size_flags,
 )
+from aogpt.cli.bench_kernels import add_kernel_benchmarks
 from aogpt.cli.bench_serve import add_serve_benchmark
 from aogpt.cli.bench_training import add_training_benchmarks
 from aogpt.cli.common import config_arg, finite_float, int_arg, positive_int
@@ -106,6 +107,12 @@ def add_parser(subparsers: Any) -> None:
                    "vocabulary from --vocab, default 512 with a preset)")
     t.add_argument("--profile", action="store_true",
                    help="also profile one step of each contender: share of time by operator kind")
+    t.add_argument("--paths", default="eager", metavar="P,P,...",
+                   help="how each step is run, timed side by side: eager (default: aogpt's kernels), compiled "
+                   "(torch.compile; its compile time is reported), reference (the plain path: SDPA, slots in "
+                   "reading order)")
+    t.add_argument("--no-limit", action="store_true",
+                   help="skip measuring the machine's matrix-product rate (and the steps' share at it)")
     size_flags(t)
     run_flags(t, checkpoints=False)
     t.set_defaults(func=run_train)
@@ -147,6 +154,7 @@ def add_parser(subparsers: Any) -> None:
     r.set_defaults(func=run_prepare)
 
     add_training_benchmarks(sub)
+    add_kernel_benchmarks(sub)
     add_serve_benchmark(sub)
 
 
@@ -278,7 +286,8 @@ def run_train(args: argparse.Namespace) -> int:
         result = bt.bench_train(
             block=block, batch=batch, size=size, variants=variants, steps=steps,
             warmup=_pick(args.warmup, q, "warmup", 2, args.quick), device=args.device, seed=args.seed,
-            dtypes=bt.parse_dtypes(args.dtype), preset=args.preset, profile=args.profile, out=args.out,
+            dtypes=bt.parse_dtypes(args.dtype), preset=args.preset, profile=args.profile,
+            paths=[p.strip() for p in args.paths.split(",")], limit=not args.no_limit, out=args.out,
             progress=update)
     finally:
         bar.close()

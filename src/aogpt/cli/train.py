@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from aogpt import compiling
 from aogpt.cli.common import add_common, config_arg, emit_json, finite_float, path_arg
 from aogpt.config import ModelConfig, TrainConfig
 
@@ -56,7 +57,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
     p.add_argument("--dtype", help="auto (bf16 autocast on a GPU or a CPU with native bf16, else fp32), "
                    "float32, bfloat16")
-    p.add_argument("--compile", action="store_const", const=True, help="torch.compile the model (CUDA only)")
+    p.add_argument("--compile", choices=("auto", "on", "off"),
+                   help="torch.compile the training step: auto (default: for runs of 5 minutes or more, where a "
+                   "C++ compiler is found on the CPU; the compile time counts in --max-minutes), on, off")
     p.add_argument("--fsdp", action="store_const", const=True,
                    help="shard with FSDP2 instead of DDP (under torchrun; CUDA, or CPU with gloo)")
     p.add_argument("--init-from", type=str, help="start from the raw weights of this checkpoint")
@@ -143,8 +146,13 @@ def _print_plan(plan: Any) -> None:
     if curriculum.stages:
         orders = f"orders: {curriculum.spec} (step@end), then {curriculum.final.spec}"
     print(f"{orders}; {schedule.describe()}", flush=True)
-    _, why = training_precision(tc, resolve_device(tc.device))
+    device = resolve_device(tc.device)
+    _, why = training_precision(tc, device)
     print(f"precision: {why} (fp32 weights and optimizer state)", flush=True)
+    compiled, how = compiling.decide_training(tc.compile, device, max_minutes=tc.max_minutes,
+                                              world_size=plan.info.world_size, fsdp=tc.fsdp)
+    where = f"; kernels cached in {compiling.cache_dir()}, so a second run compiles in seconds" if compiled else ""
+    print(f"compile: {how}{where}", flush=True)
 
 
 def _print_summary(s: dict[str, Any]) -> None:
@@ -163,7 +171,10 @@ def _print_summary(s: dict[str, Any]) -> None:
         key = f"val/{kind}/{weights}"
         label = "left to right" if kind == "l2r" else "any order"
         print(f"  {label:>13}, {weights} weights: {describe_loss(s[key], s.get(f'bpb/{kind}/{weights}'))}")
-    if s["stopped_by"] == "time" and done < planned:
+    if s["stopped_by"] == "time" and s.get("ended_as_planned"):
+        print(f"the {s['max_minutes']:g}-minute budget ended the run as planned, during its learning-rate decay "
+              f"({100 * s.get('decay_done', 1.0):.0f}% of the decay done, step {done:,} of {planned:,})")
+    elif s["stopped_by"] == "time" and done < planned:
         print(f"warning: the time limit ({s['max_minutes']:g} minutes) stopped training after {done:,} of {planned:,} "
               f"planned steps ({100 * done // max(planned, 1)}%). The model is undertrained: the validation above "
               "is what it reached, and its samples will be poor. On a busy machine allow more time "

@@ -1,9 +1,9 @@
 """A pretrained model's own tokenizer (spec ``hf``): its Hugging Face ``tokenizer.json`` carried as it is.
 
 What `aogpt adapt` stores with a model adapted from `transformers` (GPT-2's own vocabulary is the
-``gpt2`` spec instead). Like our other tokenizers: `encode` adds no special tokens (the model's
-start slot plays the beginning-of-text token) and encodes special-token text as ordinary text;
-the source's end-of-text token is `eot_id`, which the data pipeline puts after each document.
+``gpt2`` spec instead). Encoding, decoding and the JSON are those of every tokenizer held by
+`tokenizers` (`aogpt.data.tokenizer_base.HFTokenizer`): no special tokens added, special-token text
+encoded as ordinary text. The source's end-of-text token is `eot_id`, which the data pipeline puts after each document.
 Saved as ``tokenizer.json`` plus ``pretrained_tokenizer.json`` (the end-of-text id).
 
 Bits per byte needs the bytes each id stands for: exact for byte-level BPE (GPT-2, Llama 3, Qwen2,
@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from aogpt.data.tokenizer_base import TOKENIZER_FILE, Tokenizer
+from aogpt.data.tokenizer_base import TOKENIZER_FILE, HFTokenizer
 from aogpt.errors import AOGPTError
 
 META_FILE = "pretrained_tokenizer.json"
@@ -27,14 +26,11 @@ SPEC = "hf"
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
-class PretrainedTokenizer(Tokenizer):
+class PretrainedTokenizer(HFTokenizer):
     files = (TOKENIZER_FILE, META_FILE)
 
     def __init__(self, backend: Any, eot_id: int) -> None:
-        self._hf = backend
-        backend.encode_special_tokens = True
-        self.spec = SPEC
-        self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        super().__init__(backend, SPEC)
         if not 0 <= eot_id < self.vocab_size:
             raise AOGPTError(f"end-of-text id {eot_id} is outside the tokenizer's {self.vocab_size} ids",
                              "re-run aogpt adapt")
@@ -42,17 +38,17 @@ class PretrainedTokenizer(Tokenizer):
 
     @classmethod
     def from_backend(cls, backend: Any, eot_id: int) -> PretrainedTokenizer:
-        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import Tokenizer as BackendTokenizer
 
-        return cls(HFTokenizer.from_str(backend.to_str()), eot_id)  # a copy: its settings are changed
+        return cls(BackendTokenizer.from_str(backend.to_str()), eot_id)  # a copy: its settings are changed
 
     @classmethod
     def load(cls, directory: Path) -> PretrainedTokenizer:
-        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import Tokenizer as BackendTokenizer
 
         directory = Path(directory)
         try:
-            backend = HFTokenizer.from_str((directory / TOKENIZER_FILE).read_text(encoding="utf-8"))
+            backend = BackendTokenizer.from_str((directory / TOKENIZER_FILE).read_text(encoding="utf-8"))
             meta = json.loads((directory / META_FILE).read_text(encoding="utf-8"))
             eot = int(meta["eot_id"])
         except Exception as exc:  # OSError, bad JSON, HF's bare Exception, a missing key
@@ -61,20 +57,8 @@ class PretrainedTokenizer(Tokenizer):
                              "re-run aogpt adapt to write it again") from None
         return cls(backend, eot)
 
-    def encode(self, text: str) -> list[int]:
-        return self._hf.encode(text, add_special_tokens=False).ids
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self._hf.encode_batch(list(texts), add_special_tokens=False)]
-
-    def _decode(self, ids: list[int]) -> str:
-        return self._hf.decode(ids, skip_special_tokens=False)
-
-    def to_json(self) -> str:
-        return self._hf.to_str(pretty=True)
-
     def _byte_lengths(self) -> list[int]:
-        special = set(self._hf.get_added_tokens_decoder())
+        special = self.special_ids()
         byte_level = "ByteLevel" in json.dumps(json.loads(self._hf.to_str()).get("decoder"))
         out = []
         for i in range(self.vocab_size):
@@ -90,9 +74,7 @@ class PretrainedTokenizer(Tokenizer):
         return out
 
     def save(self, directory: Path) -> None:
-        from aogpt.io import atomic_write_text
-
-        atomic_write_text(Path(directory) / TOKENIZER_FILE, self.to_json())
+        super().save(directory)
         self.save_meta(directory)
 
     def save_meta(self, directory: Path) -> None:

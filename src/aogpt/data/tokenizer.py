@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from aogpt.data.tokenizer_base import TOKENIZER_FILE, Tokenizer, pad_vocab_size
+from aogpt.data.tokenizer_base import TOKENIZER_FILE, HFTokenizer, Tokenizer, pad_vocab_size
 from aogpt.errors import AOGPTError
 
 EOT_TEXT = "<|endoftext|>"
@@ -183,46 +183,21 @@ class GPT2Tokenizer(Tokenizer):
         return [len(self._enc.decode_single_token_bytes(i)) for i in range(self.eot_id)] + [0]
 
 
-class BPETokenizer(Tokenizer):
+class BPETokenizer(HFTokenizer):
     """A byte-level BPE trained with HF `tokenizers` (GPT-2 pre-tokenizer regex, no prefix space)."""
 
-    files = (TOKENIZER_FILE,)
-
     def __init__(self, hf: Any, spec: str) -> None:
-        self._hf = hf
-        hf.encode_special_tokens = True  # a literal "<|endoftext|>" in text stays ordinary text
-        self.spec = spec
-        self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
+        super().__init__(hf, spec)
         eot = hf.token_to_id(EOT_TEXT)
         if eot is None:
             raise AOGPTError(f"the {spec} tokenizer has no {EOT_TEXT} token", "re-run aogpt prepare to retrain it")
         self.eot_id = eot
-        fast = getattr(hf, "encode_batch_fast", None)  # tokenizers >= 0.20: no offsets, faster
-        self._encode_batch = fast or hf.encode_batch
-
-    def encode(self, text: str) -> list[int]:
-        return self._hf.encode(text, add_special_tokens=False).ids
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self._encode_batch(list(texts), add_special_tokens=False)]
-
-    def _decode(self, ids: list[int]) -> str:
-        return self._hf.decode(ids, skip_special_tokens=False)
-
-    def to_json(self) -> str:
-        """The trained tokenizer as Hugging Face `tokenizers` JSON (what `save` writes)."""
-        return self._hf.to_str(pretty=True)
 
     def _byte_lengths(self) -> list[int]:
         # Byte-level BPE spells every byte as one character of its 256-character alphabet, so a
         # token's length in characters is its length in bytes; added (special) tokens stand for none.
-        special = set(self._hf.get_added_tokens_decoder())
+        special = self.special_ids()
         return [0 if i in special else len(self._hf.id_to_token(i)) for i in range(self.vocab_size)]
-
-    def save(self, directory: Path) -> None:
-        from aogpt.io import atomic_write_text
-
-        atomic_write_text(Path(directory) / TOKENIZER_FILE, self.to_json())
 
 
 def parse_spec(spec: str) -> tuple[str, int | None]:
@@ -243,11 +218,11 @@ def normalize_spec(spec: str) -> str:
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     """Train a byte-level BPE of `vocab_size` ids (EOT included) on `texts`, in order."""
-    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import Tokenizer as BackendTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
     spec = normalize_spec(f"bpe:{vocab_size}")
-    hf = HFTokenizer(models.BPE())
+    hf = BackendTokenizer(models.BPE())
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     hf.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -281,10 +256,10 @@ def load_tokenizer(spec: str, directory: Path | None = None) -> Tokenizer:
             f"tokenizer bpe:{n} needs its trained {TOKENIZER_FILE}, not found{where}",
             f"pass a directory made by `aogpt prepare --tokenizer bpe:{n}`",
         )
-    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import Tokenizer as BackendTokenizer
 
     try:
-        hf = HFTokenizer.from_str(path.read_text(encoding="utf-8"))
+        hf = BackendTokenizer.from_str(path.read_text(encoding="utf-8"))
     except Exception as exc:  # OSError, UnicodeDecodeError, or HF's bare Exception on bad JSON
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise AOGPTError(f"cannot load {path}: {first}", "re-run aogpt prepare to recreate it") from None

@@ -1,5 +1,7 @@
 """The interface every tokenizer implements (`aogpt.data.tokenizer` names them by spec): text to ids
-and back, the end-of-text id, and the bytes behind each id (what bits per byte divides by)."""
+and back, the end-of-text id, and the bytes behind each id (what bits per byte divides by); and
+`HFTokenizer`, what the two tokenizers held by a Hugging Face `tokenizers` object share (our trained
+``bpe:N`` and a pretrained model's own ``hf``): encoding, decoding, their JSON and saving it."""
 
 from __future__ import annotations
 
@@ -79,3 +81,44 @@ class Tokenizer(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.spec} vocab={self.vocab_size} eot={self.eot_id}>"
+
+
+class HFTokenizer(Tokenizer):
+    """A tokenizer held by a Hugging Face `tokenizers` object (`backend`), saved as its ``tokenizer.json``.
+
+    `encode` adds no special tokens (the model's start slot plays the beginning-of-text token) and
+    encodes special-token text as ordinary text (``encode_special_tokens``), so a literal
+    ``<|endoftext|>`` in text never becomes the EOT id. Subclasses set `eot_id` and `_byte_lengths`.
+    """
+
+    files: tuple[str, ...] = (TOKENIZER_FILE,)
+
+    def __init__(self, backend: Any, spec: str) -> None:
+        self._hf = backend
+        backend.encode_special_tokens = True
+        self.spec = spec
+        self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        fast = getattr(backend, "encode_batch_fast", None)  # tokenizers >= 0.20: no offsets, faster
+        self._encode_batch = fast or backend.encode_batch
+
+    def encode(self, text: str) -> list[int]:
+        return self._hf.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self._encode_batch(list(texts), add_special_tokens=False)]
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._hf.decode(ids, skip_special_tokens=False)
+
+    def to_json(self) -> str:
+        """The tokenizer as Hugging Face `tokenizers` JSON (what `save` writes as ``tokenizer.json``)."""
+        return self._hf.to_str(pretty=True)
+
+    def special_ids(self) -> set[int]:
+        """Ids of added (special) tokens: they stand for no bytes of text."""
+        return set(self._hf.get_added_tokens_decoder())
+
+    def save(self, directory: Path) -> None:
+        from aogpt.io import atomic_write_text
+
+        atomic_write_text(Path(directory) / TOKENIZER_FILE, self.to_json())

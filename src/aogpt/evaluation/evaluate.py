@@ -16,7 +16,7 @@ and context-order ensembling (paper Eq. 4).
   ``per_sequence=True`` keeps every sequence's NLL and the orders drawn (`EvalResult`).
 * `conditional_logprobs`: log p(x_t | a context read in a given order) for any targets t.
 
-This module is also callable: ``aogpt.evaluate(model, data, ...)`` is ``aogpt.evaluate.evaluate(...)``.
+`aogpt.evaluate` and `aogpt.conditional_logprobs` are the functions of the same name here.
 
 How a model is scored (the exact NLL under an order, the any-order bound, whether ensembles are
 defined) comes from its family (`aogpt.families`): decoders score an order in one causal pass, the
@@ -25,11 +25,8 @@ encoder-only MDM in n passes, with its own one-forward Monte-Carlo bound.
 
 from __future__ import annotations
 
-import hashlib
 import math
-import sys
 import time
-import types
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -44,6 +41,7 @@ from aogpt.evaluation.ensemble import draw_steps, ensemble_losses, ensemble_sequ
 from aogpt.families import ModelFamily, family_of, unwrap
 from aogpt.measures import bits_per_byte
 from aogpt.orders import OrderSampler, check_permutation, is_left_to_right, make_order_sampler
+from aogpt.seeds import draw_seed
 
 
 # ---------------------------------------------------------------------------------------- statistics
@@ -116,12 +114,6 @@ def resolve_order(order: OrderArg) -> OrderSampler | torch.Tensor:
         return torch.as_tensor(order, dtype=torch.long).cpu()
     except (TypeError, ValueError, RuntimeError):
         raise AOGPTError(f"cannot read order {order!r}", "pass an order spec or a permutation of positions") from None
-
-
-def draw_seed(seed: int, *labels: Any) -> int:
-    """A stable 63-bit seed for (seed, labels): independent streams per draw, whatever else runs."""
-    digest = hashlib.blake2b(repr((seed, *labels)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 1
 
 
 def _batches(data: torch.Tensor | Iterable[torch.Tensor], batch_size: int) -> Iterator[torch.Tensor]:
@@ -297,13 +289,3 @@ def conditional_logprobs(model: nn.Module, tokens: torch.Tensor | list[int], con
     out = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
     return out[0] if single else out
 
-
-class _CallableModule(types.ModuleType):
-    """Lets ``aogpt.evaluate(model, data, ...)`` call `evaluate` while ``from aogpt.evaluate import
-    evaluate`` keeps working."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> EvalResult:
-        return evaluate(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -2,8 +2,9 @@
 
 A *family* answers, in one place, every question that depends on which kind of model we hold:
 which architecture a variant name stands for, which orders it can read, how it is trained and
-validated, how the likelihood of a sequence under an order is computed, and which sampler generates
-from it. Training (`aogpt.train`), evaluation (`aogpt.evaluation`) and generation
+validated, how the likelihood of a sequence under an order is computed, and what generation may ask
+of it (the samplers themselves are generation's: `aogpt.generation.samplers` picks one from these
+capabilities). Training (`aogpt.train`), evaluation (`aogpt.evaluation`) and generation
 (`aogpt.generation`) ask the family; none of them compares variant names.
 
 A family is a frozen object, one per variant name, registered in `aogpt.families` (the registry).
@@ -52,7 +53,7 @@ class ModelFamily:
       parallel_steps  generation may reveal several positions per step
       kv_cache        generation keeps a KV cache (O(n) per sequence)
       one_pass_nll    the exact NLL under one order costs one forward (a decoder), not n
-      adaptive_order  generation can choose the order from the model's confidence (`adaptive_sampler`)
+      adaptive_order  generation can choose the order from the model's confidence
     """
 
     name: str
@@ -102,7 +103,7 @@ class ModelFamily:
     def conditional_logits(self, model: nn.Module, idx: torch.Tensor, context: torch.Tensor,
                            targets: torch.Tensor) -> torch.Tensor:
         """Logits (B, T, V) for the positions `targets` (B, T), each given only the tokens of idx at
-        `context` (B, m), read in that order (`aogpt.evaluate.conditional_logprobs`)."""
+        `context` (B, m), read in that order (`aogpt.conditional_logprobs`)."""
         raise NotImplementedError
 
     def validation_losses(self, model: nn.Module, idx: torch.Tensor, order: torch.Tensor
@@ -112,31 +113,6 @@ class ModelFamily:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ generation
-    def sampler(self, model: nn.Module, chain: torch.Tensor, known: torch.Tensor, plan: Any, settings: Any, *,
-                teacher: torch.Tensor | None = None, record: bool = False) -> Any:
-        """The sampler that decodes one batch along fixed chain orders with a per-step plan and the
-        run settings of a `GenerationSettings` (`aogpt.generation.decoder.DecoderSampler` or the
-        encoder's reverse process)."""
-        raise NotImplementedError
-
-    def speculative_sampler(self, model: nn.Module, chain: torch.Tensor, known: torch.Tensor, settings: Any,
-                            k: int | str) -> Any:
-        """Exact self-speculative decoding along fixed chain orders (`aogpt.generation.speculative`):
-        only for decoders told the target position (drafts need parallel query slots)."""
-        raise AOGPTError(f"variant {self.name} cannot draft several positions in one pass, so speculative "
-                         "decoding does not apply", "use an aogpt or sigma model, or drop --speculative")
-
-    def adaptive_sampler(self, model: nn.Module, chain: torch.Tensor, known: torch.Tensor, plan: Any, settings: Any,
-                         *, generator: torch.Generator | None = None, teacher: torch.Tensor | None = None,
-                         record: bool = False) -> Any:
-        """The sampler that decodes one batch in an adaptive order (`settings.plan.order`, one of
-        `aogpt.orders.ADAPTIVE`): chain (B, n) starts with the known positions, the rest is chosen
-        while decoding (`aogpt.generation.adaptive`); plan (B, T) gives how many positions each step
-        reveals at least; generator draws candidate subsets; teacher (B, n) holds tokens by position.
-        After `run`, the sampler's `chain` holds the chosen orders and `step_counts` what each step
-        revealed."""
-        raise NotImplementedError
-
     def check_generation(self, *, policy: str, counts: Callable[[], list[int]], order: Any,
                          known_positions: torch.Tensor) -> None:
         """Refuse a generation request this family cannot serve (before any work is done)."""

@@ -3,8 +3,9 @@
 All three read a sequence in an order through the slot layout of `aogpt.model` (start slot, then
 the tokens in the order, each slot told the position it must predict next), so one causal forward
 gives all n conditionals of an order: the exact NLL, the training loss and, with a KV cache, O(n)
-generation (`aogpt.generation.decoder`). They differ only in whether, and how, the target position
-enters the model, which decides whether orders other than left to right are possible.
+generation (whose samplers are generation's: `aogpt.generation.decoder`). They differ only in
+whether, and how, the target position enters the model, which decides whether orders other than
+left to right are possible.
 """
 
 from __future__ import annotations
@@ -12,19 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from aogpt.errors import AOGPTError
 from aogpt.families.base import ModelFamily
-from aogpt.generation.adaptive import AdaptiveDecoderSampler
-from aogpt.generation.decoder import DecoderSampler, step_mask
-from aogpt.generation.speculative import SpeculativeSampler
+from aogpt.kv_cache import step_mask
 
 
 @dataclass(frozen=True)
 class DecoderFamily(ModelFamily):
     def train_loss(self, model, idx, order, generator):
-        return model(idx, order)[1]
+        return model(idx, order, logits=False)[1]
 
     def order_nll(self, model, idx, order):
         return model(idx, order)[1]
@@ -45,21 +43,9 @@ class DecoderFamily(ModelFamily):
         mask = step_mask(cols, m, m + R)[None, None]
         return model.forward_slots(tokens, pos, target, attn_mask=mask, select=(m + cols[:R]).expand(B, R))
 
-    def speculative_sampler(self, model, chain, known, settings, k):
-        if not self.target_position:
-            return super().speculative_sampler(model, chain, known, settings, k)
-        return SpeculativeSampler(model, chain, known, settings, k)
-
     def validation_losses(self, model, idx, order):
         l2r = model(idx)[1].sum()
         return l2r, (model(idx, order)[1].sum() if self.any_order else None)
-
-    def sampler(self, model: nn.Module, chain: torch.Tensor, known: torch.Tensor, plan, settings, *,
-                teacher: torch.Tensor | None = None, record: bool = False) -> DecoderSampler:
-        return DecoderSampler(model, chain, known, plan, settings, teacher, record)
-
-    def adaptive_sampler(self, model, chain, known, plan, settings, *, generator=None, teacher=None, record=False):
-        return AdaptiveDecoderSampler(model, chain, known, plan, settings, generator, teacher, record)
 
 
 # GPT-2 blocks, left to right, tied head: the paper's AR control.

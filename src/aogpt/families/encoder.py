@@ -16,34 +16,27 @@ What lives here (docs/encoder.md):
   family object, hands them to `aogpt.evaluate`, so `aogpt eval` scores encoder checkpoints.
 * `validation_losses`: the trainer's periodic validation, two forwards per sequence (unbiased
   estimators of the left-to-right NLL and of the any-order loss).
-* `EncoderSampler`: the reverse-process sampler. `aogpt.generation.generate.generate` drives it for encoder
-  models, so prompts, infilling, unmasking policies (Lemma 4.1 Bernoulli or counts, linear/cosine),
-  orders, seeds and the sampling knobs are shared with the decoder's generator.
-  `AdaptiveEncoderSampler`: the same in an adaptive order (confidence, margin, entropy).
+* Its samplers (the reverse process, fixed or adaptive order) are generation's:
+  `aogpt.generation.encoder`.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
 
 from aogpt.errors import AOGPTError
 from aogpt.families.base import ModelFamily, unwrap
 from aogpt.functional import token_nll
-from aogpt.generation.adaptive import AdaptiveSampler, AdaptiveSteps
-from aogpt.sampling import SamplingConfig, sample_tokens
 
 __all__ = ["ENCODER_MDM", "EncoderFamily", "draw_masks", "masked_diffusion_loss", "weighted_losses", "order_nll",
-           "mc_bound", "validation_losses", "l2r_cut_estimate", "any_cut_estimate", "EncoderSampler",
-           "AdaptiveEncoderSampler"]
+           "mc_bound", "validation_losses", "l2r_cut_estimate", "any_cut_estimate", "check_encoder", "positions"]
 
 
-def _check_encoder(model: nn.Module) -> None:
+def check_encoder(model: nn.Module) -> None:
     cfg = getattr(unwrap(model), "config", None)
     if cfg is None or cfg.causal:
         raise AOGPTError(f"variant {getattr(cfg, 'variant', type(model).__name__)} is not an encoder-only MDM",
@@ -83,7 +76,7 @@ def masked_diffusion_loss(model: nn.Module, idx: torch.Tensor, generator: torch.
 
     `model` may be DDP-wrapped: it is called as ``model(idx, mask=mask)`` so gradients synchronise.
     """
-    _check_encoder(model)
+    check_encoder(model)
     B, n = idx.shape
     mask, _ = draw_masks(B, n, generator, idx.device)
     _, losses = model(idx, mask=mask)
@@ -111,7 +104,7 @@ def order_nll(model: nn.Module, idx: torch.Tensor, order: torch.Tensor | None = 
     only each row's target position goes through the output head. Cost: n forwards per sequence.
     """
     core = unwrap(model)
-    _check_encoder(core)
+    check_encoder(core)
     B, n = idx.shape
     dev = idx.device
     order = torch.arange(n, device=dev).expand(B, n) if order is None else order.to(dev)
@@ -134,7 +127,7 @@ def mc_bound(model: nn.Module, idx: torch.Tensor, generator: torch.Generator | N
     """One-forward unbiased estimate (B,) of the any-order bound E_sigma[-log p_sigma(x)] per sequence:
     (n/k) * sum over a random k-subset (k ~ U{1..n}) of -log p(x_j | rest). `aogpt eval --order random`
     averages K independent draws and reports their standard error."""
-    _check_encoder(model)
+    check_encoder(model)
     B, n = idx.shape
     mask, _ = draw_masks(B, n, generator, idx.device)
     _, losses = model(idx, mask=mask)
@@ -175,142 +168,13 @@ def validation_losses(model: nn.Module, idx: torch.Tensor, order: torch.Tensor,
     Without `generator` the cuts come from a seed derived from the batch's tokens, so the same weights
     and data give the same numbers every time. `model` may be DDP-wrapped.
     """
-    _check_encoder(model)
+    check_encoder(model)
     B, n = idx.shape
     gen = generator or torch.Generator().manual_seed(_content_seed(idx))
     cuts = torch.randint(0, n, (2, B), generator=gen, device=gen.device).to(idx.device)
     l2r = l2r_cut_estimate(model, idx, cuts[0]).sum()
     anyo = any_cut_estimate(model, idx, order, cuts[1]).sum()
     return l2r, anyo
-
-
-# --------------------------------------------------------------------------- sampling
-class EncoderSampler:
-    """The reverse process for one batch, driven by `aogpt.generation.generate.generate` (same interface as the
-    decoder's `aogpt.generation.decoder.DecoderSampler`): chain orders (known positions first, then
-    masked ones in unmasking order) and a (B, T) plan of positions revealed per step come from the
-    shared plan code (`aogpt.generation.plan`).
-
-    Step t reveals the next k_b chain positions of sequence b, each sampled independently from
-    p(x_j | tokens unmasked so far): one full bidirectional forward, the head only at revealed
-    positions. Since the conditionals ignore how the context was ordered and one step's tokens are
-    drawn independently given the same context, this is exactly MDLM's sampler (Lemma 4.1 for the
-    Bernoulli policy: which positions fire is decided before the model runs).
-
-    No-op skipping (MDLM's ``ddpm_cache``): a step where no sequence of the batch reveals anything
-    leaves the input unchanged, so its forward is skipped. Random draws happen only for revealed
-    positions, so skipping never changes the samples (`skip_noop=False` runs those forwards anyway;
-    the benchmark's baseline).
-    """
-
-    def __init__(self, model: nn.Module, chain: torch.Tensor, known: torch.Tensor, plan: np.ndarray,
-                 teacher: torch.Tensor | None, record: bool, skip_noop: bool = True):
-        _check_encoder(model)
-        B, n = chain.shape
-        dev = chain.device
-        m = known.numel()
-        self.model, self.B, self.n, self.plan = model, B, n, plan
-        self.chain, self.teacher, self.skip_noop = chain, teacher, skip_noop
-        self.x = torch.full((B, n), -1, dtype=torch.long, device=dev)
-        if m:
-            self.x.scatter_(1, chain[:, :m], known.to(dev).expand(B, m))
-        self.pos = positions(B, n, dev)
-        self.g = np.full(B, m, dtype=np.int64)
-        self.logits: torch.Tensor | None = None
-        if record:
-            V = model.config.vocab_size
-            self.logits = torch.full((B, n, V), float("nan"), device=dev, dtype=next(model.parameters()).dtype)
-        self.forwards = 0
-        self.slots = 0
-        self.padded = 0
-
-    def run(self, cfg: SamplingConfig, gen: torch.Generator | None,
-            progress: Callable[[int], None] | None) -> torch.Tensor:
-        """Decode every planned step; returns the tokens in chain order (B, n)."""
-        for t in range(self.plan.shape[1]):
-            k = self.plan[:, t]
-            if not k.any():
-                if not self.skip_noop:  # the forward a non-skipping sampler pays; its output is unused
-                    self.model.forward_slots(self.x, self.pos, select=self.pos[:, :1] - 1)
-                    self._count(np.zeros_like(k))
-                continue
-            self._step(k, cfg, gen)
-            if progress is not None:
-                progress(int(k.sum()))
-        return self.x.gather(1, self.chain)
-
-    def decided(self) -> torch.Tensor:
-        """Tokens by position (B, n) decided so far, -1 where still masked (`aogpt.generation.reveal`)."""
-        return self.x
-
-    def _count(self, k: np.ndarray) -> None:
-        self.forwards += 1
-        self.slots += self.B * self.n
-        self.padded += int((k == 0).sum()) * self.n  # rows that revealed nothing this forward
-
-    def _step(self, k: np.ndarray, cfg: SamplingConfig, gen: torch.Generator | None) -> None:
-        dev, n = self.x.device, self.n
-        R = int(k.max())
-        j = np.arange(R)
-        valid = j < k[:, None]
-        cols = np.minimum(self.g[:, None] + j, n - 1)  # chain indices revealed now (padding clamped)
-        cols_t = torch.from_numpy(cols).to(dev)
-        where = self.chain.gather(1, cols_t)  # their positions
-        logits = self.model.forward_slots(self.x, self.pos, select=where)
-        bi, ji = np.nonzero(valid)
-        bi_t, ji_t = torch.from_numpy(bi).to(dev), torch.from_numpy(ji).to(dev)
-        col_t = cols_t[bi_t, ji_t]
-        rows = logits[bi_t, ji_t]
-        new = self.teacher[bi_t, col_t] if self.teacher is not None else sample_tokens(rows, cfg, gen)
-        self.x[bi_t, where[bi_t, ji_t]] = new
-        if self.logits is not None:
-            self.logits[bi_t, col_t] = rows
-        self._count(k)
-        self.g += k
-
-
-class AdaptiveEncoderSampler(AdaptiveSampler):
-    """The reverse process in an adaptive order (`aogpt.generation.adaptive`): each step's single
-    bidirectional pass gives p(x_j | unmasked tokens) at every masked position, so scoring the
-    candidates costs only their rows of the output head. Sequences with nothing to reveal in a step
-    sit its forward out."""
-
-    def __init__(self, model: nn.Module, chain: torch.Tensor, known: torch.Tensor, plan: np.ndarray, settings,
-                 generator: torch.Generator | None, teacher: torch.Tensor | None, record: bool):
-        _check_encoder(model)
-        B, n = chain.shape
-        dev = chain.device
-        m = known.numel()
-        self.model, self.n, self.dev = model, n, dev
-        self.steps = AdaptiveSteps(chain, m, plan, settings, generator, teacher, record, model.config.vocab_size,
-                                   next(model.parameters()).dtype)
-        self.x = torch.full((B, n), -1, dtype=torch.long, device=dev)
-        if m:
-            self.x.scatter_(1, chain[:, :m], known.to(dev).expand(B, m))
-
-    def _forward(self, active: np.ndarray, cands: list[np.ndarray]) -> torch.Tensor:
-        """One bidirectional pass over the active sequences, the head only at their candidates."""
-        sizes = np.array([len(c) for c in cands])
-        width = int(sizes.max())
-        select = np.stack([np.pad(c, (0, width - len(c)), mode="edge") for c in cands])
-        rows = torch.from_numpy(active).to(self.dev)
-        logits = self.model.forward_slots(self.x[rows], positions(len(active), self.n, self.dev),
-                                          select=torch.from_numpy(select).to(self.dev))
-        self.steps.forwards += 1
-        self.steps.slots += len(active) * self.n
-        return logits[torch.from_numpy(np.arange(width) < sizes[:, None]).to(self.dev)]
-
-    def _commit(self, active, cands, picks, new) -> None:
-        b_of = np.repeat(active, [len(p) for p in picks])
-        pos_of = np.concatenate([c[p] for c, p in zip(cands, picks, strict=True)])
-        self.x[torch.from_numpy(b_of).to(self.dev), torch.from_numpy(pos_of).to(self.dev)] = new
-
-    def _tokens(self) -> torch.Tensor:
-        return self.x.gather(1, self.chain)
-
-    def decided(self) -> torch.Tensor:
-        """Tokens by position (B, n) decided so far, -1 where still masked (`aogpt.generation.reveal`)."""
-        return self.x
 
 
 @dataclass(frozen=True)
@@ -336,12 +200,6 @@ class EncoderFamily(ModelFamily):
     def validation_losses(self, model, idx, order):
         return validation_losses(model, idx, order)
 
-    def sampler(self, model, chain, known, plan, settings, *, teacher=None, record=False):
-        # an encoder has no KV cache: every step is a full pass
-        return EncoderSampler(model, chain, known, plan, teacher, record, settings.skip_noop)
-
-    def adaptive_sampler(self, model, chain, known, plan, settings, *, generator=None, teacher=None, record=False):
-        return AdaptiveEncoderSampler(model, chain, known, plan, settings, generator, teacher, record)
 
 
 # Encoder-only MDM (MDLM/RADD style): bidirectional, [MASK] slots, no time input.

@@ -6,7 +6,9 @@
                      schedule, order) + batch size and KV cache
     conditioning.py  prompts and infilling templates -> the known (position, token) pairs
     plan.py          chain orders and per-step counts, drawn before the model runs
+    samplers.py      which sampler decodes a model, from its family's capabilities
     decoder.py       the decoders' KV-cache sampler (parallel query slots, catch-ups, Lemma 4.1)
     speculative.py   exact self-speculative decoding (several tokens per forward pass)
     adaptive.py      adaptive orders (confidence, margin, entropy): the model picks where to reveal
+    encoder.py       the encoder-only MDM's reverse process, in a fixed or an adaptive order
 """

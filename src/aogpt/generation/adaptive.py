@@ -44,10 +44,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from aogpt.generation.decoder import additive, step_mask
 from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
-from aogpt.kv_cache import PackedSlots
+from aogpt.kv_cache import PackedSlots, additive, step_mask
 from aogpt.orders import ADAPTIVE
 from aogpt.sampling import SamplingConfig, sample_tokens
 

@@ -46,24 +46,8 @@ import torch
 
 from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
-from aogpt.kv_cache import PackedSlots
+from aogpt.kv_cache import PackedSlots, additive, step_mask
 from aogpt.sampling import SamplingConfig, sample_tokens
-
-
-def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A boolean attention mask as the additive one attention uses (0 where allowed, -inf elsewhere),
-    converted once when the step is planned rather than in every layer."""
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-
-
-def step_mask(cols: torch.Tensor, decided: int | torch.Tensor, span: int) -> torch.Tensor:
-    """Who a step's rows may attend to: the row at cache column `col` sees the decided columns
-    c < decided up to itself (catch-ups are causal) and itself (a query sees no other query).
-    cols (..., S), decided an int or (..., 1) -> bool (..., S, span)."""
-    a = torch.arange(span, device=cols.device)
-    col = cols[..., None]
-    decided = decided[..., None] if isinstance(decided, torch.Tensor) else decided
-    return ((a < decided) & (a <= col)) | (a == col)
 
 
 @dataclass

@@ -6,16 +6,14 @@ everything before any work is done, draw the plan up front (`aogpt.generation.pl
 batch to the sampler of the model's family (`aogpt.families`): the decoder's KV-cache sampler
 (`aogpt.generation.decoder`) or the encoder's reverse process. See docs/generation.md.
 
-This module is also callable: ``aogpt.generate(model, ...)`` is ``aogpt.generate.generate(model, ...)``.
+`aogpt.generate` and `aogpt.infill` are these two functions.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import time
-import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +26,7 @@ from aogpt.families import family_of, unwrap
 from aogpt.generation.conditioning import Conditioning, parse_template, prompt_condition
 from aogpt.generation.plan import base_orders, chain_orders, resolve_order, step_counts
 from aogpt.generation.reveal import Revealed, watch
+from aogpt.generation.samplers import adaptive_sampler, fixed_order_sampler, speculative_sampler
 from aogpt.generation.settings import DecodePlan, GenerationSettings, settings_from
 from aogpt.inference import for_inference
 from aogpt.memory import check_fits, generation_bytes
@@ -250,7 +249,7 @@ def _run_batch(req: _Request, runner: torch.nn.Module, start: int, B: int,
     chain = chain_orders(base_orders(req.order, start, B, n, req.generators.plan), req.known_mask)
     if req.speculative is not None:
         chain_d = chain.to(req.known_chain.device)
-        sampler = fam.speculative_sampler(runner, chain_d, req.known_chain, req.settings, req.speculative)
+        sampler = speculative_sampler(fam, runner, chain_d, req.known_chain, req.settings, req.speculative)
         y = sampler.run(req.sampling, req.generators.tokens, watch(sampler, start, req.on_step, progress))
         return _Batch(torch.empty_like(y).scatter_(1, chain_d, y).cpu(), chain,
                       torch.from_numpy(np.stack(sampler.revealed, axis=1)), None, sampler.forwards, sampler.slots,
@@ -259,10 +258,10 @@ def _run_batch(req: _Request, runner: torch.nn.Module, start: int, B: int,
     chain_d = chain.to(req.known_chain.device)
     teacher = None if req.teacher_tokens is None else req.teacher_tokens[start:start + B]
     if req.adaptive:  # teacher tokens by position
-        sampler = fam.adaptive_sampler(runner, chain_d, req.known_chain, plan, req.settings,
+        sampler = adaptive_sampler(fam, runner, chain_d, req.known_chain, plan, req.settings,
                                        generator=req.generators.plan, teacher=teacher, record=req.record_logits)
     else:  # teacher tokens in chain order
-        sampler = fam.sampler(runner, chain_d, req.known_chain, plan, req.settings,
+        sampler = fixed_order_sampler(fam, runner, chain_d, req.known_chain, plan, req.settings,
                               teacher=None if teacher is None else teacher.gather(1, chain_d),
                               record=req.record_logits)
     y = sampler.run(req.sampling, req.generators.tokens, watch(sampler, start, req.on_step, progress))
@@ -329,13 +328,3 @@ def infill(model: torch.nn.Module, template: Any, *, tokenizer: Any = None, leng
     cond = parse_template(template, tokenizer=tokenizer, length=length, config=core.config)
     return generate(core, tokenizer=tokenizer, condition=cond, **kwargs)
 
-
-class _CallableModule(types.ModuleType):
-    """Lets ``aogpt.generate(model, ...)`` call `generate` while ``aogpt.generate.generate`` and
-    ``from aogpt.generate import infill`` keep working."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> GenerationResult:
-        return generate(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

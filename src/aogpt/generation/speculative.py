@@ -37,10 +37,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from aogpt.generation.decoder import additive, compiled, step_mask
+from aogpt.generation.decoder import compiled
 from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
-from aogpt.kv_cache import PackedSlots
+from aogpt.kv_cache import PackedSlots, additive, step_mask
 from aogpt.sampling import SamplingConfig, categorical, probabilities, sample_tokens
 
 AUTO_START, AUTO_MAX = 4, 16

@@ -33,10 +33,10 @@ from lm_eval.api.registry import register_model
 from aogpt.checkpoint import load
 from aogpt.data.tokenizer import EOT_TEXT
 from aogpt.errors import AOGPTError
-from aogpt.evaluation.evaluate import draw_seed
 from aogpt.families import unwrap
 from aogpt.hf.scoring import Score, reading_mode, score_continuations, score_documents
 from aogpt.progress import progress
+from aogpt.seeds import draw_seed
 
 SAMPLING_KEYS = {"until", "max_gen_toks", "max_new_tokens", "do_sample", "temperature", "top_k", "top_p"}
 

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import torch
 
 from aogpt.errors import AOGPTError
-from aogpt.evaluation.evaluate import draw_seed
 from aogpt.families import family_of, unwrap
 from aogpt.orders import is_left_to_right, make_order_sampler
+from aogpt.seeds import draw_seed
 
 Pair = tuple[Sequence[int], Sequence[int]]
 

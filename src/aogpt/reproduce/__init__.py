@@ -4,8 +4,7 @@
     scale.py     model size, steps and analysis sizes (default ~1 hour on 2 cores; quick ~1 minute)
     runner.py    resumable, interleaved training of the runs (Trainer.fit in pieces), budgets
     analyses.py  ensembles (Finding 6), generation perplexity (8.2), generation speed (7, 8.1)
-    stats.py     confidence intervals and the verdict rule
-    results.py   measurements -> checks -> verdicts (reads only files: a report can be rebuilt)
+    results.py   measurements -> checks -> verdicts (`aogpt.stats`; reads only files: a report can be rebuilt)
     report.py    DIR/report.json and the figures; markdown.py renders the same as DIR/report.md
     compare.py   overlay the curves of any runs and tabulate their final metrics (`aogpt compare`)
     pipeline.py  `reproduce(...)`: all of the above in one call

@@ -22,7 +22,7 @@ from aogpt.io import ensure_writable_dir, read_json, write_json
 from aogpt.progress import progress
 from aogpt.reproduce.findings import ANNEALING, ENSEMBLE_SIZES
 from aogpt.reproduce.runner import Plan
-from aogpt.reproduce.stats import json_safe
+from aogpt.stats import json_safe
 
 SPEED_METHODS = ("aogpt", "encoder", "gpt")
 

@@ -4,7 +4,7 @@ Nothing here computes anything. A `Finding` lists the training runs it needs (`R
 findings: the left-to-right run serves Findings 1 and 2 and the order sweep), the analyses it needs
 beyond training curves (ensembles, generation perplexity, the speed benchmark), the curves to
 overlay, and its `Check`s: claims of the form "A is lower than B" or "A is within a margin of B",
-each decided from the measured numbers by the rule in `aogpt.reproduce.stats`.
+each decided from the measured numbers by the rule in `aogpt.stats`.
 
 Quantities: a validation curve of a run (``l2r``: left-to-right loss, ``any``: any-order loss under
 uniform orders, ``own``: the loss in the run's own fixed order) at a stage (``early``: the mean of the

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from aogpt import stats
 from aogpt.io import atomic_write_text, ensure_writable_dir, write_json
 from aogpt.plots import save_png
-from aogpt.reproduce import stats
 from aogpt.reproduce.compare import overlay, read_run
 from aogpt.reproduce.findings import ANNEALING, ENSEMBLE_SIZES, FINDINGS, RUNS, Finding, value
 from aogpt.reproduce.results import finding_result, lookup_for, metric_key

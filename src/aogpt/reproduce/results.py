@@ -2,7 +2,7 @@
 
 `curve_measurement` and `analysis_measurement` turn a `Quantity` into a `Measurement` (values per
 seed, or per evaluation batch / sequence / sample / timing round when one seed ran); `judge` applies the rule of
-`aogpt.reproduce.stats` to a `Check`; `finding_result` gathers one finding's checks, its verdict and
+`aogpt.stats` to a `Check`; `finding_result` gathers one finding's checks, its verdict and
 the table of its runs. Everything here reads files written by the runner and the analyses, so a
 report can be rebuilt at any time without training anything.
 """
@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from aogpt import stats
 from aogpt.errors import AOGPTError
 from aogpt.orders import is_left_to_right, make_order_sampler
-from aogpt.reproduce import stats
 from aogpt.reproduce.findings import RUNS, Check, Finding, Quantity
 from aogpt.reproduce.runner import Plan
 
@@ -85,7 +85,7 @@ def _side(q: Quantity, lookup: Lookup, labels: dict[str, str]) -> tuple[dict[str
 
 
 def judge(check: Check, lookup: Lookup, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    """The estimate and verdict of one check (rule in `aogpt.reproduce.stats`)."""
+    """The estimate and verdict of one check (rule in `aogpt.stats`)."""
     labels = labels or {}
     a_info, a = _side(check.a, lookup, labels)
     b_info, b = _side(check.b, lookup, labels)

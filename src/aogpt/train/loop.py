@@ -45,22 +45,54 @@ def stop_on_signals(t: Trainer) -> Iterator[None]:
             signal.signal(s, handler)
 
 
+SPEED_SKIP = 3  # the first steps of a process, left out of its speed (they touch memory for the first time)
+BUDGET_END_DECAY = 0.9  # a budgeted run stopped by its clock with this much of its decay done ended as planned
+
+
 def fit(t: Trainer, until: int | None = None) -> dict[str, Any]:
     """Train until max_steps (or max_minutes, or a signal), then validate and checkpoint.
 
     until: stop after this step instead (at most max_steps; the learning-rate schedule still spans
     max_steps), so a run can be trained in pieces: each piece ends with a validation and a
     checkpoint (loss.png is drawn when the run ends), and resuming from it continues exactly where
-    it stopped."""
-    with stop_on_signals(t), progress(total=planned_end(t, until), desc="train", disable=not t.show_progress,
-                                      initial=t.step, unit="step") as bar:
-        last = train_steps(t, bar, until)
+    it stopped.
+
+    A compiled training step is compiled first (`Trainer.warm_up`); its time counts in the run's
+    time, and so in a time budget, but not in the speed of the steps. Under a time budget the
+    progress display counts the budget's seconds (it never goes backwards when the number of steps
+    the budget holds is re-estimated) and names the step and the steps expected."""
+    compile_seconds = t.warm_up()
+    if compile_seconds:
+        t.train_seconds += compile_seconds
+        if t.show_progress:
+            print(f"compiled the training step in {compile_seconds:.0f} s (counted in the training time)",
+                  file=sys.stderr, flush=True)
+    budgeted = t.schedule.time_budgeted and until is None
+    if budgeted:
+        budget = t.cfg.max_minutes * 60
+        bar_kw: dict[str, Any] = dict(total=round(budget), initial=round(min(t.train_seconds, budget)), unit="s",
+                                      bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s "
+                                                 "[{elapsed}<{remaining}{postfix}]")
+    else:
+        bar_kw = dict(total=planned_end(t, until), initial=t.step, unit="step")
+    with stop_on_signals(t), progress(desc="train", disable=not t.show_progress, **bar_kw) as bar:
+        last = train_steps(t, bar, until, budgeted)
+        if budgeted and t.step >= planned_end(t, until) and bar.total:
+            bar.update(max(bar.total - bar.n, 0))  # ended at its decay's last step, a little before the clock
     end = planned_end(t, until)
     stopped_by = t._stop_signal or ("time" if t.step < end else "max_steps" if end == t.schedule.end_step
                                     else "until")
+    decay_done = t.schedule.decay_done(t.step)
+    as_planned = stopped_by in ("max_steps", "until") or (
+        stopped_by == "time" and t.schedule.time_budgeted and decay_done >= BUDGET_END_DECAY)
     if stopped_by == "time" and t.show_progress:
-        print(f"time limit of {t.cfg.max_minutes:g} minutes reached after {t.step} of {end} steps: "
-              "stopping early (a last validation and checkpoint follow)", file=sys.stderr, flush=True)
+        if as_planned:
+            print(f"the {t.cfg.max_minutes:g}-minute budget is spent at step {t.step:,} ({100 * decay_done:.0f}% of "
+                  "the learning-rate decay done): a last validation and checkpoint follow", file=sys.stderr,
+                  flush=True)
+        else:
+            print(f"time limit of {t.cfg.max_minutes:g} minutes reached after {t.step} of {end} steps: "
+                  "stopping early (a last validation and checkpoint follow)", file=sys.stderr, flush=True)
     final_eval = t.evaluate()
     if t.step % t.cfg.eval_interval == 0 or t.step == t.cfg.max_steps:
         t.log({"kind": "eval", "step": t.step, **final_eval})  # off the cadence only in the summary, so
@@ -72,11 +104,14 @@ def fit(t: Trainer, until: int | None = None) -> dict[str, Any]:
         "planned_steps": t.schedule.end_step,
         "max_minutes": t.cfg.max_minutes,
         "stopped_by": stopped_by,
+        "ended_as_planned": as_planned,
+        "decay_done": decay_done,
         "train_loss": last.loss if last else None,
         **final_eval,
         "tokens_seen": t.tokens_seen,
         "tokens_per_s": t.tokens_seen / max(t.train_seconds, 1e-9),
         "train_seconds": t.train_seconds,
+        "compile_seconds": t.compile_seconds,
         "checkpoint": str(ckpt or t.last_checkpoint or ""),
         "plot": str(plot) if plot else None,
         "run_dir": str(t.out) if t.out else None,
@@ -91,25 +126,31 @@ def planned_end(t: Trainer, until: int | None = None) -> int:
     return t.schedule.end_step if until is None else min(until, t.schedule.end_step)
 
 
-def train_steps(t: Trainer, bar: Any, until: int | None = None) -> StepResult | None:
+def train_steps(t: Trainer, bar: Any, until: int | None = None, budgeted: bool = False) -> StepResult | None:
     """The steps up to `planned_end`, with train records every `log_interval`, validation every
     `eval_interval` and checkpoints every `ckpt_interval`; the last step's result (None if none ran).
     After every step the schedule sees the time spent (`LRSchedule.observe`): under a time budget it
-    may begin its decay, which fixes the step the run ends at."""
+    may begin its decay, which fixes the step the run ends at. `budgeted`: the bar counts seconds."""
     cfg, window, last = t.cfg, t.window, None
     window.restart_clock()
-    first_step, seconds_before = t.step, t.train_seconds  # a resumed run's speed counts from here
+    first_step = t.step
+    speed_from = (t.step, t.train_seconds)  # moved past the first SPEED_SKIP steps once they are done
+    announced = False
     while t.step < planned_end(t, until):
         t0 = t.clock()
         last = t.train_step()
-        t.train_seconds += t.clock() - t0
+        spent = t.clock() - t0
+        t.train_seconds += spent
         window.add(last.loss, t.tokens_per_step)
-        bar.update(1)
-        seconds_per_step = (t.train_seconds - seconds_before) / (t.step - first_step)
+        bar.update(spent if budgeted else 1)
+        if t.step - first_step == SPEED_SKIP and planned_end(t, until) - t.step > SPEED_SKIP:
+            speed_from = (t.step, t.train_seconds)
+        seconds_per_step = (t.train_seconds - speed_from[1]) / max(t.step - speed_from[0], 1)
         if t.schedule.observe(t.step, t.train_seconds, seconds_per_step):
-            announce_decay(t, bar, seconds_per_step)
-        elif t.step - first_step == cfg.log_interval and t.schedule.time_budgeted:
-            announce_budget(t, bar, seconds_per_step)
+            announce_decay(t, bar, seconds_per_step, budgeted)
+        elif not announced and t.step - speed_from[0] >= cfg.log_interval and t.schedule.time_budgeted:
+            announce_budget(t, bar, seconds_per_step, budgeted)
+            announced = True
         stop_at = planned_end(t, until)
         if t.step % cfg.log_interval == 0 or t.step == stop_at:
             log_window(t, window, last, bar, seconds_per_step)
@@ -125,17 +166,20 @@ def train_steps(t: Trainer, bar: Any, until: int | None = None) -> StepResult | 
     return last
 
 
-def announce_budget(t: Trainer, bar: Any, seconds_per_step: float) -> None:
+def announce_budget(t: Trainer, bar: Any, seconds_per_step: float, budgeted: bool = False) -> None:
     """A time-budgeted run knows its speed after its first steps: how many steps the budget holds."""
-    bar.total = t.schedule.expected_steps(seconds_per_step)
+    expected = t.schedule.expected_steps(seconds_per_step, t.step, t.train_seconds)
+    if not budgeted:
+        bar.total = expected
     if t.show_progress:
-        print(f"at {seconds_per_step:.3g} s a step, the {t.cfg.max_minutes:g}-minute budget holds about {bar.total:,} "
+        print(f"at {seconds_per_step:.3g} s a step, the {t.cfg.max_minutes:g}-minute budget holds about {expected:,} "
               "steps", file=sys.stderr, flush=True)
 
 
-def announce_decay(t: Trainer, bar: Any, seconds_per_step: float) -> None:
+def announce_decay(t: Trainer, bar: Any, seconds_per_step: float, budgeted: bool = False) -> None:
     """The schedule began its decay: say so (under a time budget, with the step the run now ends at)."""
-    bar.total = t.schedule.end_step
+    if not budgeted:
+        bar.total = t.schedule.end_step
     if t.show_progress and t.schedule.time_budgeted:
         print(f"learning rate: {100 * (1 - t.cfg.decay_share):g}% of the {t.cfg.max_minutes:g}-minute budget spent at "
               f"step {t.step:,} ({seconds_per_step:.3g} s a step); decaying to {t.cfg.min_lr:g} over the next "
@@ -155,6 +199,9 @@ def progress_note(t: Trainer, loss: float, tokens_per_s: float, seconds_per_step
     """`loss 5.123, 4,500 tok/s, val 2.71 bits/byte` and, when the time limit will stop the run
     before its last step at this speed, `time limit: about 700 of 850 steps`."""
     parts = [f"loss {loss:.3f}", f"{tokens_per_s:,.0f} tok/s"]
+    if t.schedule.time_budgeted:
+        expected = t.schedule.expected_steps(seconds_per_step, t.step, t.train_seconds)
+        parts.insert(0, f"step {t.step:,} of {'about ' if t.schedule.decay_start is None else ''}{expected:,}")
     val = next((t.last_eval[k] for k in ("bpb/l2r/ema", "bpb/l2r/raw") if k in t.last_eval), None)
     if val is not None:
         parts.append(f"val {val:.2f} bits/byte")

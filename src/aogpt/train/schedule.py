@@ -102,11 +102,20 @@ class LRSchedule:
             return True
         return False
 
-    def expected_steps(self, seconds_per_step: float) -> int:
-        """The steps the run will take at `seconds_per_step` (for the plan and the progress bar)."""
+    def expected_steps(self, seconds_per_step: float, step: int = 0, train_seconds: float = 0.0) -> int:
+        """The steps the run will take at `seconds_per_step`, from `step` after `train_seconds` of its
+        time (for the plan line and the progress display)."""
         if self.decay_start is not None or not self.time_budgeted or seconds_per_step <= 0:
             return self.end_step
-        return min(self.cfg.max_steps, int(self.cfg.max_minutes * 60 * TIME_MARGIN / seconds_per_step))
+        remaining = max(self.cfg.max_minutes * 60 - train_seconds, 0.0) * TIME_MARGIN
+        return min(self.cfg.max_steps, step + int(remaining / seconds_per_step))
+
+    def decay_done(self, step: int) -> float:
+        """The share of the decay done after `step` steps: 0 before it began, 1 at its end (wsd)."""
+        if self.cfg.lr_schedule != "wsd":
+            return 1.0 if step >= self.cfg.decay_steps else 0.0
+        start, length = (self.decay_start, self.decay_steps) if self.decay_start is not None else self._planned_decay()
+        return min(1.0, max(0.0, (step - start) / max(length, 1)))
 
     def describe(self) -> str:
         """The schedule in words, for the plan line."""

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from aogpt import compiling
 from aogpt.config import ModelConfig, TrainConfig
 from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
@@ -27,7 +28,15 @@ from aogpt.train.init import init_target_pathway
 from aogpt.train.metrics import MetricsLog
 from aogpt.train.schedule import LRSchedule
 from aogpt.train.sources import BatchSource
-from aogpt.train.step import OptimizerStep, StepResult, accumulation_steps, autocast_dtype, make_optimizer
+from aogpt.train.step import (
+    OptimizerStep,
+    StepResult,
+    accumulation_steps,
+    autocast,
+    autocast_dtype,
+    make_optimizer,
+    training_loss,
+)
 from aogpt.train.throughput import Window, flops_per_token, peak_flops
 from aogpt.train.validation import Validation
 
@@ -105,8 +114,13 @@ class Trainer:
             distributed.wrap_model(self.ema.model, self.info, self.device, True, self.amp)
         self.optimizer = make_optimizer(self.raw, cfg, self.device)  # after sharding: FSDP replaces the parameters
         self.step_model = self.model
-        if cfg.compile and self.device.type == "cuda":
-            self.step_model = torch.compile(self.model)
+        self.compiled, self.compile_why = compiling.decide_training(
+            cfg.compile, self.device, max_minutes=cfg.max_minutes,
+            world_size=self.info.world_size, fsdp=cfg.fsdp)
+        self.compile_seconds: float | None = None  # measured by `warm_up`
+        if self.compiled:
+            compiling.use_persistent_cache()
+            self.step_model = torch.compile(self.model, dynamic=False)  # fixed shapes: compiled once
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
@@ -118,6 +132,30 @@ class Trainer:
         idx = self.data.get_batch("train", self.sequences_per_step, self.block_size, self.data_gen)
         order = self.orders.sample(self.step, self.sequences_per_step, self.block_size, self.device, self.order_gen)
         return idx, order
+
+    def warm_up(self) -> float:
+        """Compile the training step before the first timed one: forward and backward of a batch of the
+        run's shapes, thrown away (no update; the gradients cleared, every random stream as it was).
+        Returns the seconds it took (0.0 when the step is not compiled, or already was)."""
+        if not self.compiled or self.compile_seconds is not None:
+            return 0.0
+        start = self.clock()
+        cpu_rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None
+        B, T = self.cfg.batch_size, self.block_size
+        idx = torch.zeros((B, T), dtype=torch.long, device=self.device)
+        order = torch.arange(T, device=self.device).expand(B, T)
+        scratch = torch.Generator(self.device).manual_seed(0)  # the encoder draws masks from it
+        self.model.train()
+        with autocast(self.device, self.amp):
+            loss = training_loss(self.step_model, idx, order, scratch)
+        loss.backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        self.compile_seconds = self.clock() - start
+        return self.compile_seconds
 
     def train_step(self) -> StepResult:
         """One optimizer step over the global batch (this rank's micro-batches), then the EMA."""

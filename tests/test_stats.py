@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from aogpt.reproduce import stats
-from aogpt.reproduce.stats import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Estimate, Measurement
+from aogpt import stats
+from aogpt.stats import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Estimate, Measurement
 
 
 def test_mean_interval_is_the_student_t_interval():

@@ -1,0 +1,98 @@
+"""torch.compile in aogpt: when it is used (``--compile auto|on|off``), where its cache lives, and the
+checks that turn a missing compiler into one clear line instead of a traceback mid-run.
+
+On the CPU, inductor writes C++ for the fused elementwise work and builds it with the system's C++
+compiler (g++ here); the matrix products stay oneDNN's. For AO-GPT's training step that removes most
+of the elementwise passes around adaLN, the norms and attention's softmax (docs/benchmarks.md has
+the figures). Compiling costs tens of seconds the first time; the kernels are cached on disk
+(`cache_dir`, kept across runs and reboots), so the next run of the same model on the same machine
+pays a few seconds. A compiled function is specialised to its shapes and to the thread count:
+training compiles once (fixed batch and block; the curriculum's stages change the orders' values,
+not the shapes) and never recompiles.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+
+from aogpt.errors import AOGPTError
+
+CHOICES = ("auto", "on", "off")
+AUTO_MIN_MINUTES = 5.0  # `auto` compiles a run with a time budget of at least this (compiling pays back in 1-2 min)
+COMPILERS = ("g++", "c++", "clang++")
+
+
+def normalize_choice(value: str | bool) -> str:
+    """`auto`, `on` or `off`; True/False (the flag's old form, in older run configs) mean on/off."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value not in CHOICES:
+        raise AOGPTError(f"unknown compile setting {value!r}", "use --compile auto, on or off")
+    return value
+
+
+def c_compiler() -> str | None:
+    """The C++ compiler inductor will build CPU kernels with ($CXX first), or None if none is found."""
+    for name in ((os.environ["CXX"],) if os.environ.get("CXX") else ()) + COMPILERS:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels are kept between runs: $TORCHINDUCTOR_CACHE_DIR if set, else
+    ~/.cache/aogpt/inductor ($XDG_CACHE_HOME respected)."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "aogpt" / "inductor"
+
+
+def use_persistent_cache() -> Path:
+    """Point inductor's on-disk caches at `cache_dir` (torch's default lives in /tmp and is lost on
+    reboot); returns it."""
+    path = cache_dir()
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(path))
+    # tracing a norm whose input is bf16 (autocast) and weight float32 warns once per graph; the
+    # compiled kernel handles the mix itself
+    warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
+    return path
+
+
+def check_compiler(device: torch.device) -> None:
+    """Refuse `--compile on` where it cannot work: no C++ compiler for CPU kernels, or MPS."""
+    if device.type == "mps":
+        raise AOGPTError("torch.compile is not supported on MPS here", "pass --compile off")
+    if device.type == "cpu" and c_compiler() is None:
+        raise AOGPTError(f"torch.compile on the CPU needs a C++ compiler, and none was found ({', '.join(COMPILERS)})",
+                         "install one (e.g. apt-get install g++), or pass --compile off")
+
+
+def decide_training(choice: str | bool, device: torch.device, *, max_minutes: float, world_size: int = 1,
+                    fsdp: bool = False) -> tuple[bool, str]:
+    """(compile the training step?, why, in words for the plan line). `auto` compiles a single-process
+    run on the CPU (with a C++ compiler) or CUDA under a time budget of at least `AUTO_MIN_MINUTES`:
+    the decision depends on the configuration only, so a resumed run decides as the original did."""
+    choice = normalize_choice(choice)
+    if choice == "off":
+        return False, "off (--compile off)"
+    if choice == "on":
+        check_compiler(device)
+        return True, "on (--compile on)"
+    if device.type not in ("cpu", "cuda"):
+        return False, f"off (auto: not used on {device.type})"
+    if device.type == "cpu" and c_compiler() is None:
+        return False, "off (auto: no C++ compiler found; install g++ to compile)"
+    if fsdp or world_size > 1:
+        return False, "off (auto: not used with several processes; --compile on to try)"
+    if max_minutes < AUTO_MIN_MINUTES:  # without a time budget the run's length is unknown before it starts
+        return False, (f"off (auto: compiled only under a time budget of at least {AUTO_MIN_MINUTES:g} minutes; "
+                       "--compile on to compile)")
+    return True, f"on (auto: a {max_minutes:g}-minute budget; the compile time is counted in it)"
