@@ -28,10 +28,11 @@ HTTP side can always report on the engine, even while a step runs. `health` says
 made progress (a step, an admission or a finish) in the last `stall_after` seconds while it had work.
 
 Memory: every request allocates its own KV cache and step tensors, of sizes that vary with the
-request, and glibc's allocator keeps much of what is freed instead of returning it: under a
-sustained mix the server's memory crept up for minutes (1.10 GB after one minute, 1.26 GB after ten,
-no Python objects accumulating). So the loop hands freed memory back (`malloc_trim`) every
-`TRIM_EVERY` seconds, a few tens of milliseconds; with it, memory stays flat (docs/serve.md).
+request, and glibc's allocator keeps much of what is freed instead of returning it (the more so
+with the raised thresholds of `aogpt.allocator`): under a sustained mix the server's memory crept up
+for minutes (1,048 MiB after one minute, 1,200 MiB after ten, while the number of Python objects
+stayed flat). So the loop hands freed memory back (`malloc_trim`) every `TRIM_EVERY` seconds, which
+takes a few tens of milliseconds (docs/serve.md has the soak's figures with it).
 """
 
 from __future__ import annotations
