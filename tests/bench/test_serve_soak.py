@@ -2,8 +2,10 @@
 clients send the six request kinds (seeds, streams, streams cut by their client, malformed
 requests) to `aogpt serve` with its defaults, whose output nobody reads, then SIGTERM under that
 load. Judged on correctness and liveness, not speed (a busy CI machine is slow, never stuck): the
-strict figures (/health p99 under 100 ms, progress at least every 2 s, memory within 10 %) are the
-benchmark's, run on a quiet machine (docs/serve.md)."""
+strict figures (/health p99 under 100 ms, progress at least every 2 s) are the benchmark's, run on a
+quiet machine (docs/serve.md). Memory is not judged here: in one minute on a busy machine the
+server is still warming up (its allocator and oneDNN's kernel cache grow for minutes), so only the
+ten-minute benchmark can tell growth from warm-up."""
 
 from __future__ import annotations
 
@@ -22,8 +24,7 @@ def slow_checkpoint(tmp_path_factory):
 
 @pytest.mark.slow
 def test_a_minute_of_mixed_load_then_sigterm(slow_checkpoint, tmp_path):
-    s = soak(slow_checkpoint, clients=32, seconds=60, threads=1, seed=0, out=tmp_path, workload=Workload(seeds=4),
-             first_minute=20)
+    s = soak(slow_checkpoint, clients=32, seconds=60, threads=1, seed=0, out=tmp_path, workload=Workload(seeds=4))
     report = to_markdown(s)
     assert s["sent_before_signal"] > 100 and s["answered_200"] > 50, report
     assert s["unanswered_count"] == 0, report  # every request answered: 200, 4xx or 503
@@ -33,6 +34,5 @@ def test_a_minute_of_mixed_load_then_sigterm(slow_checkpoint, tmp_path):
     assert s["cut_streams"] > 0 and s["rejected_400"] > 0, report  # the mix had its faults
     assert s["health_unanswered"] == 0 and s["health_max"] < 5, report
     assert s["longest_stall_engine"] < 10, report  # never stuck (a busy machine may be slow)
-    assert s["memory_max_after_first_minute"] <= 1.25 * s["memory_after_first_minute"], report
     assert s["exit_code"] == 0 and s["exit_seconds"] <= 35, report
     assert (tmp_path / "serve-soak.md").exists() and (tmp_path / "serve-soak.json").exists()
