@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -28,6 +33,41 @@ def random_float32(n_layer: int = 2, n_head: int = 2, n_embd: int = 32, block_si
             if "adaLN" in name:
                 p.normal_(0.0, 0.05)
     return model.eval().requires_grad_(False)
+
+
+def slow_loaded() -> SimpleNamespace:
+    """A random model of the quickstart's size with the bytes tokenizer: long enough requests to
+    interrupt (about a second for 128 positions one per step), and room for every prompt of the
+    mixed load (`aogpt.bench.serve_load`)."""
+    from aogpt.data.tokenizer import ByteTokenizer
+
+    return SimpleNamespace(model=random_float32(n_layer=4, n_head=3, n_embd=192, block_size=128, vocab=320, seed=3),
+                           tokenizer=ByteTokenizer())
+
+
+def save_run(loaded: Any, run: Path) -> Path:
+    """A model and its (bytes) tokenizer saved as run directory `run` (one checkpoint, EMA = raw)."""
+    from aogpt.checkpoint import save_checkpoint
+    from aogpt.config import to_dict
+
+    save_checkpoint(run / "ckpt-0000001", loaded.model, config={"model": to_dict(loaded.model.config),
+                                                               "tokenizer": "bytes", "step": 1},
+                    tokenizer=loaded.tokenizer, ema={k: v.clone() for k, v in loaded.model.state_dict().items()})
+    return run
+
+
+@pytest.fixture(scope="session")
+def slow_checkpoint(tmp_path_factory) -> Path:
+    """`slow_loaded` saved as a run directory that `aogpt serve --checkpoint` takes."""
+    return save_run(slow_loaded(), tmp_path_factory.mktemp("serve") / "slow")
+
+
+def start_server(checkpoint: Path, *flags: str, stdout: Any = subprocess.PIPE, stderr: Any = subprocess.PIPE
+                 ) -> subprocess.Popen:
+    """`aogpt serve` in a process of its own on a free loopback port (one torch thread)."""
+    return subprocess.Popen([sys.executable, "-m", "aogpt", "serve", "--checkpoint", str(checkpoint), "--port", "0",
+                             *flags], stdout=stdout, stderr=stderr, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 @pytest.fixture(scope="session")

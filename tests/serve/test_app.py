@@ -4,23 +4,18 @@ client, and every fault: bad input, a full queue, a client that goes away, a bug
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-from types import SimpleNamespace
 
 import httpx
 import numpy as np
 import pytest
 import torch
 
-from aogpt.data.tokenizer import ByteTokenizer
 from aogpt.generation.generate import generate, infill
-from tests.serve.conftest import random_float32, serve
+from tests.serve.conftest import serve, slow_loaded, start_server
 
 
 def post(url: str, body: dict | str, **kw) -> httpx.Response:
@@ -159,17 +154,10 @@ def test_unknown_paths_and_methods_are_one_line_json(server):
 LONG = {"prompt": "", "max_tokens": 128, "seed": 0, "order": "confidence"}  # scores every open position: seconds
 
 
-def _slow_loaded():
-    """A random model of the quickstart's size with the bytes tokenizer: long enough requests to
-    interrupt (about a second for 128 positions one per step)."""
-    return SimpleNamespace(model=random_float32(n_layer=4, n_head=3, n_embd=192, block_size=128, vocab=320, seed=3),
-                           tokenizer=ByteTokenizer())
-
-
 @pytest.fixture(scope="module")
 def narrow():
     """A server that decodes one sequence at a time and queues one request."""
-    yield from serve(_slow_loaded(), name="slow", max_sequences=1, max_queue=1)
+    yield from serve(slow_loaded(), name="slow", max_sequences=1, max_queue=1)
 
 
 def _first_chunk(url: str, body: dict) -> tuple[httpx.Client, httpx.Response, object]:
@@ -232,21 +220,10 @@ def test_a_bug_is_a_500_without_traceback(tiny_loaded, monkeypatch):
         assert "Traceback" not in r.text
 
 
-def test_sigterm_finishes_running_requests_and_refuses_new_ones(tmp_path):
+def test_sigterm_finishes_running_requests_and_refuses_new_ones(slow_checkpoint):
     """`aogpt serve` in its own process: SIGTERM while six streams run; all six finish, nothing new
     is served after it, and the process exits 0."""
-    from aogpt.checkpoint import save_checkpoint
-    from aogpt.config import to_dict
-
-    loaded = _slow_loaded()
-    run = tmp_path / "slow" / "ckpt-0000001"
-    save_checkpoint(run, loaded.model, config={"model": to_dict(loaded.model.config), "tokenizer": "bytes",
-                                               "step": 1}, tokenizer=loaded.tokenizer,
-                    ema={k: v.clone() for k, v in loaded.model.state_dict().items()})
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "aogpt", "serve", "--checkpoint", str(run.parent), "--port", "0",
-                             "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+    proc = start_server(slow_checkpoint, "--log-level", "warning")
     try:
         line = proc.stdout.readline()
         assert "serving slow" in line, line + proc.stderr.read()
@@ -304,3 +281,121 @@ def test_the_engine_tokens_match_torch_generation_for_template_ids(server):
     body = post(server.url, {"prompt": "ab[MASK:3]c", "seed": 0}).json()
     tokens = torch.tensor(body["choices"][0]["aogpt"]["tokens"])
     assert tokens[:2].tolist() == tok.encode("ab") and tokens[-1].item() == tok.encode("c")[0]
+
+
+@pytest.fixture(scope="module")
+def deadlines():
+    """A server that decodes one sequence at a time, lets a request wait 0.5 s and run 30 s at most."""
+    yield from serve(slow_loaded(), name="deadlines", max_sequences=1, queue_timeout=0.5, timeout=30)
+
+
+def test_limits_are_reported_and_health_answers_while_the_engine_holds_its_lock(deadlines):
+    limits = {"max_sequences": 1, "max_tokens_in_flight": 16384, "max_queue": 64, "timeout": 30.0,
+              "queue_timeout": 0.5, "max_samples": 16}
+    assert httpx.get(deadlines.url + "/v1/models").json()["data"][0]["limits"] == limits
+    engine, held = deadlines.engine, threading.Event()
+
+    def hold() -> None:
+        with engine._lock:
+            held.set()
+            time.sleep(3)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(5)
+    start = time.monotonic()
+    health = httpx.get(deadlines.url + "/health", timeout=2)
+    assert time.monotonic() - start < 1.0, "/health waited for the engine"
+    holder.join()
+    body = health.json()
+    assert health.status_code == 200 and body["status"] == "ok" and body["engine"] == "idle"
+    assert body["limits"] == limits and body["log_lines_dropped"] == 0
+    assert {"seconds_since_progress", "stall_after", "longest_stall", "running", "waiting"} <= set(body)
+
+
+def test_requests_that_cannot_start_or_finish_in_time_get_503_with_retry_after(deadlines):
+    r = post(deadlines.url, {"prompt": "ab", "max_tokens": 4, "timeout": 31})
+    assert r.status_code == 400 and "more than this server's 30 s" in r.json()["error"]["message"]
+    client, first, lines = _first_chunk(deadlines.url, LONG)  # holds the only slot for seconds
+    start = time.monotonic()
+    waited = post(deadlines.url, {"prompt": "ab", "max_tokens": 4})
+    assert waited.status_code == 503 and time.monotonic() - start < 5
+    assert "could not start within 0.5 s" in waited.json()["error"]["message"]
+    assert int(waited.headers["Retry-After"]) >= 1 and waited.json()["error"]["type"] == "server_busy"
+    del lines
+    first.close()
+    client.close()
+    deadline = time.monotonic() + 30
+    while deadlines.engine.load()["running"]:  # the slot is freed at the next step
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    late = post(deadlines.url, {**LONG, "timeout": 0.4})  # alone, it runs, but needs seconds
+    message = late.json()["error"]["message"]
+    assert late.status_code == 503 and "did not finish within its deadline of 0.4 s" in message
+    assert late.json()["error"]["type"] == "timeout" and int(late.headers["Retry-After"]) >= 1
+    got = events(deadlines.url, {**LONG, "timeout": 0.4})  # a stream: the error is its last event
+    assert got[-1]["error"]["code"] == 503 and "deadline of 0.4 s" in got[-1]["error"]["message"]
+    stats = deadlines.engine.stats
+    assert stats["expired"] == 1 and stats["timed_out"] == 2
+
+
+def test_sigterm_cancels_what_is_still_running_at_the_drain_deadline_and_exits_0(slow_checkpoint):
+    """`--drain-timeout 1` with four long streams running: they end with a 503 error event at the
+    deadline, and the process exits 0 within seconds."""
+    proc = start_server(slow_checkpoint, "--log-level", "warning", "--drain-timeout", "1", "--max-sequences", "4")
+    try:
+        line = proc.stdout.readline()
+        url = line.split(" at ")[1].split()[0].rstrip("/")
+        got: dict[int, list] = {}
+        started = threading.Barrier(5)
+
+        def stream(i: int) -> None:
+            with httpx.stream("POST", url + "/v1/completions", timeout=60,
+                              json={**LONG, "seed": i, "stream": True}) as r:
+                lines = r.iter_lines()
+                next(lines)
+                started.wait(30)
+                got[i] = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
+
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        started.wait(30)
+        proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        assert proc.wait(35) == 0
+        took = time.monotonic() - signalled
+        for t in threads:
+            t.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert took < 10, f"exited {took:.1f} s after SIGTERM with a 1 s drain"
+    for i in range(4):
+        assert got[i][-1]["error"]["code"] == 503 and "shut down" in got[i][-1]["error"]["message"], got[i][-1]
+    assert "Traceback" not in proc.stderr.read()
+
+
+def test_a_stuck_engine_is_reported_and_its_clients_still_get_503_in_time():
+    """The engine's step blocks (a stand-in for any bug that stops it): /health says "stuck" with
+    503 once `stall_after` has passed, and the waiting client gets 503 from the HTTP side 2 s after
+    its deadline, without the engine."""
+    gate = threading.Event()
+    for running in serve(slow_loaded(), name="stuck", timeout=0.5, stall_after=1):
+        forward = running.engine.runner.forward_slots
+
+        def blocked(*args, forward=forward, **kwargs):
+            gate.wait(30)
+            return forward(*args, **kwargs)
+
+        running.engine.runner.forward_slots = blocked
+        try:
+            start = time.monotonic()
+            r = post(running.url, {"prompt": "ab", "max_tokens": 4})
+            took = time.monotonic() - start
+            health = httpx.get(running.url + "/health", timeout=2)
+        finally:
+            gate.set()
+        assert r.status_code == 503 and "deadline of 0.5 s" in r.json()["error"]["message"], r.text
+        assert 2.0 <= took < 6.0, took
+        assert health.status_code == 503 and health.json()["engine"] == "stuck" == health.json()["status"]

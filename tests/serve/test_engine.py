@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -218,3 +220,140 @@ def test_an_encoder_is_served_one_forward_at_a_time_with_the_same_tokens():
         jobs = _submit_all(engine, requests)
     for job, kw in zip(jobs, requests, strict=True):
         assert torch.equal(job.result.tokens, generate(model, **kw).tokens)
+
+
+# ---------------------------------------------------------------- deadlines, draining, liveness
+def _slowed(engine: Engine, seconds: float, gate: threading.Event | None = None) -> None:
+    """Make every engine step take at least `seconds` (and, with `gate`, wait for it to open)."""
+    forward = engine.runner.forward_slots
+
+    def slow(*args, **kwargs):
+        if gate is not None:
+            gate.wait(30)
+        time.sleep(seconds)
+        return forward(*args, **kwargs)
+
+    engine.runner.forward_slots = slow
+
+
+def test_a_job_that_cannot_start_within_its_queue_deadline_gets_503_with_retry_after():
+    model = random_float32(block_size=128)
+    with Engine(model, EngineLimits(max_sequences=1, queue_timeout=0.3)) as engine:
+        _slowed(engine, 0.02)  # the first job: 128 steps, 2.5 s at least
+        first, running = _started(engine, {"length": 128, "seed": 0, "order": "l2r"})
+        assert running.wait(30)
+        second = engine.submit(Job({"length": 8, "seed": 1}, 1, 8))
+        assert second.finished.wait(10) and not first.finished.is_set()
+        assert second.error[0] == 503 and "could not start within 0.3 s" in second.error[1]
+        assert second.retry_after >= 1 and second.outcome == "expired" and engine.stats["expired"] == 1
+        assert first.finished.wait(60) and first.error is None  # the running one is not disturbed
+
+
+def test_a_running_job_past_its_deadline_is_cancelled_with_a_clear_error_and_the_engine_goes_on():
+    model = random_float32(block_size=128)
+    with Engine(model, EngineLimits(timeout=30)) as engine:
+        _slowed(engine, 0.02)
+        late = engine.submit(Job({"length": 128, "seed": 0, "order": "l2r"}, 1, 128, timeout=0.3))
+        assert late.finished.wait(10)
+        assert late.error[0] == 503 and "did not finish within its deadline of 0.3 s" in late.error[1]
+        assert late.outcome == "timed_out" and engine.stats["timed_out"] == 1 and late.result is None
+        assert engine.load()["running"] == 0
+        with pytest.raises(TimeoutError, match="deadline of 0.2 s"):
+            engine.run(timeout=0.2, length=128, seed=1, order="l2r")
+        assert torch.equal(engine.run(length=8, seed=2).tokens, generate(model, length=8, seed=2).tokens)
+
+
+def test_drain_with_a_timeout_cancels_what_is_left_at_its_deadline():
+    model = random_float32(block_size=128)
+    engine = Engine(model, EngineLimits(max_sequences=1)).start()
+    _slowed(engine, 0.02)
+    first, running = _started(engine, {"length": 128, "seed": 0, "order": "l2r"})
+    queued = engine.submit(Job({"length": 128, "seed": 1, "order": "l2r"}, 1, 128))
+    assert running.wait(30)
+    start = time.monotonic()
+    engine.drain(0.3)
+    with pytest.raises(Draining):
+        engine.submit(Job({"length": 8, "seed": 3}, 1, 8))
+    engine.stop()  # waits for the drain deadline, not for the requests
+    assert time.monotonic() - start < 5
+    for job in (first, queued):
+        assert job.finished.is_set() and job.error[0] == 503 and "shut down" in job.error[1]
+
+
+def test_health_tells_busy_from_stuck_without_the_engine_lock():
+    model = random_float32(block_size=64)
+    gate = threading.Event()
+    with Engine(model, EngineLimits(stall_after=0.3)) as engine:
+        assert engine.health()["engine"] == "idle"
+        _slowed(engine, 0.0, gate)  # the next step waits for the gate: the engine is stuck in it
+        job = engine.submit(Job({"length": 64, "seed": 0, "order": "l2r"}, 1, 64))
+        time.sleep(0.6)
+
+        def hold_the_lock() -> None:
+            with engine._lock:
+                time.sleep(2)
+
+        holder = threading.Thread(target=hold_the_lock)
+        holder.start()  # someone holds the engine's lock: health and load still answer
+        time.sleep(0.1)
+        answered = []
+        asker = threading.Thread(target=lambda: answered.append((engine.health(), engine.load())))
+        asker.start()
+        asker.join(1.0)
+        assert answered, "health waited for the engine's lock"
+        health, load = answered[0]
+        assert health["engine"] == "stuck" and health["seconds_since_progress"] > 0.3 and load["running"] == 1
+        holder.join()
+        gate.set()
+        assert job.finished.wait(30) and job.error is None
+        assert engine.health()["engine"] == "idle" and engine.health()["longest_stall"] >= 0.5
+    assert engine.health()["engine"] == "stopped"
+
+
+def test_the_mixed_load_without_http_gets_offline_tokens_under_cancellations():
+    """The six request kinds of the serving soak (`aogpt.bench.serve_load.KINDS`), four seeds each,
+    32 at a time from 8 submitting threads, a quarter cancelled mid-way by their owner: every job
+    ends (result or 503), and every result is offline `generate()`'s."""
+    from aogpt.bench.serve_load import KINDS
+    from aogpt.serve.protocol import CompletionRequest, to_generate
+    from tests.serve.conftest import slow_loaded
+
+    loaded = slow_loaded()
+    cfg = loaded.model.config
+    requests = [to_generate(CompletionRequest(**body, seed=s), cfg, loaded.tokenizer, 1)[0]
+                for body in KINDS for s in range(4)]
+    offline = [generate(loaded.model, **kw).tokens for kw in requests]
+    rng = random.Random(0)
+    jobs: list[tuple[int, Job]] = []
+    with Engine(loaded.model, EngineLimits(timeout=120)) as engine:
+        def client(c: int) -> None:
+            for k in range(12):
+                i = rng.randrange(len(requests))
+                job, started = _started(engine, requests[i], steps=2)
+                jobs.append((i, job))
+                if (c + k) % 4 == 0 and started.wait(60):
+                    job.cancel()
+                assert job.finished.wait(120), "a job never ended"
+
+        threads = [threading.Thread(target=client, args=(c,)) for c in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+    assert len(jobs) == 96 and all(j.finished.is_set() for _, j in jobs)
+    done = [(i, j) for i, j in jobs if j.error is None]
+    assert len(done) >= 60 and all(j.error[0] == 503 for _, j in jobs if j.error is not None)
+    for i, job in done:
+        assert torch.equal(job.result.tokens, offline[i]), f"request {i} differs from generate()"
+
+
+def test_a_loop_that_dies_answers_its_requests_with_500_and_health_says_stopped(monkeypatch):
+    model = random_float32()
+    engine = Engine(model)
+    monkeypatch.setattr(engine, "_expire", lambda: 1 / 0)  # a bug in the loop itself, not in a request
+    engine.start()
+    job = engine.submit(Job({"length": 8, "seed": 0}, 1, 8))
+    assert job.finished.wait(10) and job.error[0] == 500 and "engine stopped" in job.error[1]
+    engine._loop.join(10)
+    assert engine.health()["engine"] == "stopped" and engine.load()["running"] == 0
+    engine.stop()

@@ -1,4 +1,5 @@
-"""`aogpt bench serve`: the server under concurrent clients, against the same requests one at a time.
+"""`aogpt bench serve`: the server under concurrent clients, against the same requests one at a time
+(``--workload mixed``: the mixed soak of `aogpt.bench.serve_soak` instead).
 
 The server is `aogpt serve` in a process of its own on the loopback interface; the clients are
 threads of this process, one keep-alive HTTP connection each. Every request asks for an
@@ -24,8 +25,6 @@ import http.client
 import json
 import os
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -36,11 +35,11 @@ from typing import Any
 import torch
 
 from aogpt.bench.common import describe_environment, environment, fmt_ratio, markdown_table, write_outputs
+from aogpt.bench.serve_load import Server
 from aogpt.errors import AOGPTError
 
 QUICK = {"requests": 6, "clients": 3, "max_tokens": 16, "repeats": 1}
 MAX_SOAK_REQUESTS = 1_000_000  # the soak's bound in count, beside its bound in time
-START_TIMEOUT = 120.0  # seconds for the server to load the model and listen
 
 
 @dataclass
@@ -53,49 +52,6 @@ class Answer:
     id: str | None
     seconds: float
     error: str = ""
-
-
-class Server:
-    """`aogpt serve` on a free loopback port, in its own process (stopped with SIGTERM)."""
-
-    def __init__(self, checkpoint: Path, threads: int, clients: int):
-        cmd = [sys.executable, "-m", "aogpt", "serve", "--checkpoint", str(checkpoint), "--port", "0",
-               "--threads", str(threads), "--max-sequences", str(max(32, clients)),
-               "--max-queue", str(max(64, 2 * clients)), "--log-level", "warning"]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, "OMP_NUM_THREADS": str(threads)})
-        line = self._first_line()
-        if " at http://" not in line:
-            self.proc.kill()
-            err = (self.proc.stderr.read() or "").strip().splitlines()
-            raise AOGPTError(f"the server did not start: {err[-1] if err else line.strip()}",
-                             "check that `aogpt serve --checkpoint ...` runs on its own")
-        url = line.split(" at ")[1].split()[0]
-        self.host, port = url.removeprefix("http://").rstrip("/").rsplit(":", 1)
-        self.port = int(port)
-
-    def _first_line(self) -> str:
-        box: list[str] = []
-        reader = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(START_TIMEOUT)
-        return box[0] if box else ""
-
-    def cpu_seconds(self) -> float | None:
-        """User + system CPU time of the server process so far (Linux), else None."""
-        try:
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, ValueError, IndexError):
-            return None
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
 
 
 def _ask(conn: http.client.HTTPConnection, index: int, body: dict[str, Any]) -> Answer:
@@ -151,8 +107,14 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 
 def bench_serve(checkpoint: Path, clients: int, requests: int, max_tokens: int, repeats: int, duration: float,
-                threads: int, seed: int, out: Path | None, progress: Callable[[int, str], None] | None = None
-                ) -> dict[str, Any]:
+                threads: int, seed: int, out: Path | None, progress: Callable[[int, str], None] | None = None,
+                workload: str = "uniform") -> dict[str, Any]:
+    """The uniform benchmark (module docstring), or with ``workload="mixed"`` the mixed soak
+    (`aogpt.bench.serve_soak`) for `duration` seconds."""
+    if workload == "mixed":
+        from aogpt.bench.serve_soak import soak
+
+        return soak(checkpoint, clients, duration, threads, seed, out, progress=progress)
     from aogpt.checkpoint import load
     from aogpt.generation.generate import generate
     from aogpt.serve.protocol import CompletionRequest, to_generate

@@ -10,6 +10,7 @@ from aogpt.cli.bench_common import LENGTH, REPEATS, THREADS, progress_bar, repor
 from aogpt.cli.common import finite_float, int_arg, path_arg
 
 DEFAULTS = {"requests": 64, "clients": 16, "max_tokens": 64, "repeats": 3}
+MIXED = {"clients": 32, "duration": 600.0}  # the mixed soak's defaults (--quick: 8 clients for 20 s)
 MAX_CLIENTS = 256
 
 
@@ -30,8 +31,14 @@ def add_serve_benchmark(sub: Any) -> None:
                    help=f"tokens per request (default {DEFAULTS['max_tokens']}; at most the model's context)")
     s.add_argument("--repeats", type=REPEATS, default=None,
                    help=f"rounds, each contender once per round (default {DEFAULTS['repeats']})")
-    s.add_argument("--duration", type=finite_float(ge=0, le=86_400), default=0.0, metavar="S",
-                   help="then a soak: the clients send requests in a loop for S seconds (default 0: none)")
+    s.add_argument("--duration", type=finite_float(ge=0, le=86_400), default=None, metavar="S",
+                   help="then a soak: the clients send requests in a loop for S seconds (default 0: none; with "
+                   f"--workload mixed, the soak's length, default {MIXED['duration']:.0f})")
+    s.add_argument("--workload", choices=("uniform", "mixed"), default="uniform",
+                   help="uniform (default): the same unconditional requests one at a time and from N clients; "
+                   "mixed: only a soak of six request kinds with seeds, streams, streams cut by their client and "
+                   f"malformed requests (default {MIXED['clients']} clients), then SIGTERM under that load: "
+                   "answered/refused/unanswered, latency, /health latency, engine stalls, memory (DIR/serve-soak.md)")
     s.add_argument("--threads", type=THREADS, default=None, metavar="N",
                    help="torch threads, for the server and the in-process rows (default: torch's, 1 on a busy "
                    "machine)")
@@ -45,12 +52,25 @@ def run_serve(args: argparse.Namespace) -> int:
     from aogpt.bench.serve import QUICK, bench_serve, to_markdown
 
     setup(args)
+    if args.workload == "mixed":
+        from aogpt.bench.serve_soak import to_markdown as soak_markdown
+
+        clients = args.clients or (8 if args.quick else MIXED["clients"])
+        duration = args.duration if args.duration is not None else 20.0 if args.quick else MIXED["duration"]
+        bar, update = progress_bar(100, args, "bench serve (mixed soak)")
+        try:
+            result = bench_serve(args.checkpoint, clients, 0, 0, 0, duration, torch.get_num_threads(), args.seed,
+                                 args.out, update, workload="mixed")
+        finally:
+            bar.close()
+        return report(args, "bench serve", result, soak_markdown(result))
     pick = {k: getattr(args, k) if getattr(args, k) is not None else (QUICK if args.quick else DEFAULTS)[k]
             for k in DEFAULTS}
-    bar, update = progress_bar(4 * pick["repeats"] + (args.duration > 0), args, "bench serve")
+    duration = args.duration or 0.0
+    bar, update = progress_bar(4 * pick["repeats"] + (duration > 0), args, "bench serve")
     try:
         result = bench_serve(args.checkpoint, pick["clients"], pick["requests"], pick["max_tokens"], pick["repeats"],
-                             args.duration, torch.get_num_threads(), args.seed, args.out, update)
+                             duration, torch.get_num_threads(), args.seed, args.out, update)
     finally:
         bar.close()
     return report(args, "bench serve", result, to_markdown(result))

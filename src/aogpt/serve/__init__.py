@@ -1,9 +1,11 @@
 """`aogpt serve`: exact any-order decoding as an HTTP service, and a page to watch it (docs/serve.md).
 
     batching.py  one forward for the steps of many requests, row for row what each computes alone
-    engine.py    continuous batching: jobs, admission limits, the step loop (usable without HTTP)
+    jobs.py      a request (Job), the engine's limits and deadlines, the errors a request can end with
+    engine.py    continuous batching: admission, deadlines, the step loop, liveness (usable without HTTP)
     protocol.py  the OpenAI completions subset plus aogpt's fields; responses and stream chunks
     app.py       the FastAPI app: /v1/completions, /v1/models, /health, the page at /
+    logs.py      the server's log output through a bounded queue: it never blocks the server
     static/      the page (one HTML file, no build step, nothing from elsewhere)
 
 From Python, without HTTP::
@@ -13,6 +15,7 @@ From Python, without HTTP::
         result = engine.run(length=64, seed=0)   # the same tokens as aogpt.generate(model, length=64, seed=0)
 """
 
-from aogpt.serve.engine import Busy, Cancelled, Draining, Engine, EngineLimits, Job
+from aogpt.serve.engine import Engine
+from aogpt.serve.jobs import Busy, Cancelled, Draining, EngineLimits, Job
 
 __all__ = ["Busy", "Cancelled", "Draining", "Engine", "EngineLimits", "Job"]

@@ -4,9 +4,15 @@ the model list, a health report and the page at ``/``.
 Every failure a client can see is one JSON line in OpenAI's error shape, ``{"error": {"message":
 ..., "type": ..., "param": ..., "code": ...}}``: 400 for a malformed body or a value out of range
 (pydantic's reason, or the library's own `AOGPTError` message), 404 for an unknown model or path,
-503 with ``Retry-After`` when the queue is full or the server is shutting down, 500 (never a
+503 with ``Retry-After`` when the server sheds the request (the queue is full, it could not start
+within its queue deadline, it ran past its deadline, or the server is shutting down), 500 (never a
 traceback: that goes to the server's log) for a bug. A client that goes away cancels its request
 at the next step.
+
+The event loop never waits on the engine: handing a request over, cancelling it and reading the
+engine's state take no lock the engine can hold for long (`/health` takes none), the engine's events
+come back through ``call_soon_threadsafe``, and every wait for them is bounded by the request's
+deadline (plus `BACKSTOP`): if the engine ever failed to answer, the client would still get a 503.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
@@ -27,6 +34,7 @@ from starlette.exceptions import HTTPException
 
 from aogpt.errors import AOGPTError
 from aogpt.serve.engine import Busy, Draining, Engine, Job, job_size
+from aogpt.serve.jobs import deadline_error
 from aogpt.serve.protocol import (
     Choice,
     CompletionRequest,
@@ -39,6 +47,9 @@ from aogpt.serve.protocol import (
 
 log = logging.getLogger("aogpt.serve")
 DISCONNECT_POLL = 0.25  # seconds between checks that a waiting (non-streaming) client is still there
+BACKSTOP = 2.0  # seconds past a request's deadline after which the app answers 503 itself
+BIG_PROMPT = 4096  # prompts longer than this (characters or ids) are tokenized off the event loop
+ERROR_TYPES = {"expired": "server_busy", "timed_out": "timeout", "cancelled": "server_busy"}
 
 
 def error_response(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -64,9 +75,10 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int = 16,
-               own_engine: bool = True) -> FastAPI:
+               own_engine: bool = True, dropped_lines: Callable[[], int] | None = None) -> FastAPI:
     """The app serving `engine`. With `own_engine`, the app starts the engine and stops it (after the
-    running requests finish) with its lifespan."""
+    running requests finish, or at the engine's drain deadline) with its lifespan. `dropped_lines`:
+    how many log lines the server's output dropped (reported by /health)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -79,6 +91,10 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int
     app = FastAPI(title="aogpt", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     created = int(time.time())
     config = engine.model.config
+    lim = engine.limits
+    limits = {"max_sequences": lim.max_sequences, "max_tokens_in_flight": lim.max_tokens_in_flight,
+              "max_queue": lim.max_queue, "timeout": lim.timeout, "queue_timeout": lim.queue_timeout,
+              "max_samples": max_samples}
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -100,27 +116,40 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int
         return HTMLResponse(resources.files("aogpt.serve").joinpath("static/index.html").read_text("utf-8"))
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "draining" if engine.draining else "ok", "model": model_name, **engine.load(),
-                "batch_invariant": engine.row_invariant, "context": config.block_size,
-                "variant": config.variant, "stats": dict(engine.stats)}
+    async def health() -> JSONResponse:
+        """Liveness without the engine's lock: 200 while the engine is idle or making progress, 503
+        when it has work but made no progress for `stall_after` seconds, or its loop stopped."""
+        state = engine.health()
+        status = "draining" if engine.draining else "ok"
+        if state["engine"] in ("stuck", "stopped"):
+            status = state["engine"]
+        body = {"status": status, "model": model_name, **engine.load(), **state, "limits": limits,
+                "batch_invariant": engine.row_invariant, "context": config.block_size, "variant": config.variant,
+                "stats": dict(engine.stats), "log_lines_dropped": dropped_lines() if dropped_lines else 0}
+        return JSONResponse(body, status_code=503 if status in ("stuck", "stopped") else 200)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "aogpt", "context": config.block_size}]}
+                                            "owned_by": "aogpt", "context": config.block_size, "limits": limits}]}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         if body.model not in (None, model_name):
             return error_response(404, f"model {body.model!r} is not served here (this server serves "
                                        f"{model_name!r}; GET /v1/models lists it)", "not_found_error", "model")
+        if body.timeout is not None and lim.timeout is not None and body.timeout > lim.timeout:
+            return error_response(400, f"timeout: {body.timeout:g} s is more than this server's {lim.timeout:g} s",
+                                  param="timeout")
         try:
-            kwargs, first = to_generate(body, config, tokenizer, max_samples)
+            if len(body.prompt) > BIG_PROMPT:  # tokenizing it could hold up every other request
+                kwargs, first = await asyncio.to_thread(to_generate, body, config, tokenizer, max_samples)
+            else:
+                kwargs, first = to_generate(body, config, tokenizer, max_samples)
         except AOGPTError as exc:
             return error_response(400, str(exc))
-        events = _Events(request)
-        job = Job(kwargs, *job_size(kwargs, config), events.deliver, steps=body.stream)
+        events = _Events(request, engine)
+        job = Job(kwargs, *job_size(kwargs, config), events.deliver, steps=body.stream, timeout=body.timeout)
         try:
             engine.submit(job)
         except AOGPTError as exc:
@@ -129,6 +158,7 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int
             return error_response(503, str(exc), "server_busy", headers={"Retry-After": str(exc.retry_after)})
         except Draining as exc:
             return error_response(503, str(exc), "server_busy", headers={"Retry-After": "30", "Connection": "close"})
+        events.job = job
         request_id = f"cmpl-{uuid.uuid4().hex[:24]}"
         choices = choices_for((body.n, kwargs["condition"].length), kwargs["condition"], first, tokenizer,
                               stops(body))
@@ -141,8 +171,7 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int
             job.cancel()
             return error_response(499, "the client closed the connection")
         if kind == "error":
-            kind = "invalid_request_error" if payload[0] == 400 else "server_error"
-            return error_response(payload[0], payload[1], kind)
+            return _job_error(job, payload)
         if body.stream:
             include_usage = bool((body.stream_options or {}).get("include_usage"))
             return StreamingResponse(_stream(request_id, model_name, (kind, payload), events, job, choices,
@@ -159,34 +188,65 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int
             return JSONResponse(completion_body(request_id, model_name, payload, choices))
         if kind == "gone":
             return error_response(499, "the client closed the connection")
-        return error_response(payload[0], payload[1], "server_error")
+        return _job_error(job, payload)
 
     return app
 
 
-class _Events:
-    """A job's events, handed over from its thread, and whether its client is still there (asked at
-    least every `DISCONNECT_POLL` seconds, however often events come)."""
+def _job_error(job: Job, error: tuple[int, str]) -> JSONResponse:
+    """The response of a job that ended with `error` (a 503 says when to retry)."""
+    status, message = error
+    if status == 503:
+        return error_response(503, message, ERROR_TYPES.get(job.outcome, "server_busy"),
+                              headers={"Retry-After": str(job.retry_after or 1)})
+    return error_response(status, message, "invalid_request_error" if status == 400 else "server_error")
 
-    def __init__(self, request: Request):
-        self.request = request
+
+class _Events:
+    """A job's events, handed over from the engine's thread, and whether its client is still there
+    (asked at least every `DISCONNECT_POLL` seconds, however often events come)."""
+
+    def __init__(self, request: Request, engine: Engine):
+        self.request, self.engine = request, engine
+        self.job: Job | None = None
         self.queue: asyncio.Queue = asyncio.Queue()
         self.loop = asyncio.get_running_loop()
         self.checked = time.monotonic()
 
-    def deliver(self, kind: str, payload: Any) -> None:  # called from the job's thread
+    def deliver(self, kind: str, payload: Any) -> None:  # called from the engine's thread
         with contextlib.suppress(RuntimeError):  # the event loop has closed: nobody is listening any more
             self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, payload))
 
-    async def next(self) -> tuple[str, Any]:
-        """The next event, or ("gone", None) once the client has disconnected."""
+    def _late(self) -> float | None:
+        """Seconds left before the app stops waiting for the engine (None: no bound): the job's
+        deadline or the drain deadline, plus `BACKSTOP`."""
+        bounds = [t for t in (self.job.deadline if self.job else None, self.engine.drain_deadline) if t is not None]
+        return min(bounds) + BACKSTOP - time.monotonic() if bounds else None
+
+    def _backstop(self) -> tuple[str, Any]:
+        """The engine did not answer in time: cancel the job and answer for it."""
+        job = self.job
+        error = deadline_error((job.deadline or time.monotonic()) - (job.submitted or 0.0))
+        job.cancel(error, "timed_out")
+        job.outcome = "timed_out"
+        log.error("request %d: no answer from the engine %.0f s past its deadline; answered 503", job.id, BACKSTOP)
+        return "error", error
+
+    async def next(self, poll: bool = True) -> tuple[str, Any]:
+        """The next event, or ("gone", None) once the client has disconnected (asked when `poll`)."""
         while True:
-            if time.monotonic() - self.checked >= DISCONNECT_POLL:
+            if poll and time.monotonic() - self.checked >= DISCONNECT_POLL:
                 self.checked = time.monotonic()
                 if await self.request.is_disconnected():
                     return "gone", None
+            if not self.queue.empty():  # what the engine said first, even past the deadline
+                return self.queue.get_nowait()
+            left = self._late()
+            if left is not None and left <= 0:
+                return self._backstop()
+            wait = DISCONNECT_POLL if left is None else min(DISCONNECT_POLL, left)
             try:
-                return await asyncio.wait_for(self.queue.get(), DISCONNECT_POLL)
+                return await asyncio.wait_for(self.queue.get(), wait)
             except TimeoutError:
                 pass
 
@@ -230,10 +290,10 @@ async def _stream(request_id: str, model: str, first: tuple[str, Any], events: _
                 yield "data: [DONE]\n\n"
                 return
             else:
-                yield _sse({"error": {"message": payload[1], "type": "server_error", "param": None,
-                                      "code": payload[0]}})
+                etype = ERROR_TYPES.get(job.outcome, "server_busy") if payload[0] == 503 else "server_error"
+                yield _sse({"error": {"message": payload[1], "type": etype, "param": None, "code": payload[0]}})
                 return
-            kind, payload = await events.queue.get()
+            kind, payload = await events.next(poll=False)  # the response itself watches for a disconnect
     finally:
         if not job.finished.is_set():
             job.cancel()

@@ -16,21 +16,35 @@ hand-offs and no contention for the interpreter.
 Admission is first come, first served under three limits (`EngineLimits`): sequences decoded at
 once, tokens in flight (sequences x length over running requests) and a bounded waiting queue;
 `submit` refuses a request that would overflow the queue (`Busy`, with a retry estimate) or that
-comes after `drain` (`Draining`). `Job.cancel` (a client that went away) ends the job at the next
-step: `Cancelled` is raised where its `generate` waits for its forward.
+comes after `drain` (`Draining`). Deadlines shed load instead of letting it wait: a job that has not
+started within its queue deadline ends with 503 and a retry estimate, a running job past its
+deadline is cancelled, and after `drain(timeout)` whatever is left at that deadline is cancelled.
+`Job.cancel` (a client that went away) ends the job at the next step: `Cancelled` is raised where
+its `generate` waits for its forward.
+
+Nothing the engine does while holding its lock can block (a job's `on_event` is called after the
+lock is released), and `load` and `health` read a snapshot without taking the lock at all, so the
+HTTP side can always report on the engine, even while a step runs. `health` says whether the loop
+made progress (a step, an admission or a finish) in the last `stall_after` seconds while it had work.
+
+Memory: every request allocates its own KV cache and step tensors, of sizes that vary with the
+request, and glibc's allocator keeps much of what is freed instead of returning it (the more so
+with the raised thresholds of `aogpt.allocator`): under a sustained mix the server's memory crept up
+for minutes (1,048 MiB after one minute, 1,200 MiB after ten, while the number of Python objects
+stayed flat). So the loop hands freed memory back (`malloc_trim`) every `TRIM_EVERY` seconds, which
+takes a few tens of milliseconds (docs/serve.md has the soak's figures with it).
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
+import ctypes.util
 import functools
-import itertools
 import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import greenlet
@@ -39,84 +53,35 @@ import torch
 from aogpt.errors import AOGPTError
 from aogpt.generation.generate import GenerationResult, generate
 from aogpt.generation.reveal import Revealed
-from aogpt.generation.settings import GenerationSettings
 from aogpt.inference import for_inference
 from aogpt.kv_cache import KVCache
 from aogpt.serve.batching import ForwardCall, row_invariant, run_alone, run_together
-from aogpt.validation import bounded, check_ranges
+from aogpt.serve.jobs import (
+    GONE,
+    SHUTDOWN,
+    Busy,
+    Cancelled,
+    Draining,
+    EngineLimits,
+    Job,
+    deadline_error,
+    job_size,
+    queue_error,
+)
+
+__all__ = ["GONE", "SHUTDOWN", "Busy", "Cancelled", "Draining", "Engine", "EngineLimits", "Job", "SharedModel",
+           "job_size"]
 
 log = logging.getLogger("aogpt.serve")
+TRIM_EVERY = 10.0  # seconds between hand-backs of freed memory to the system (module docstring)
 
 
-class Cancelled(Exception):
-    """The job was cancelled (its client went away, or the server stopped) before it finished."""
-
-
-class Busy(Exception):
-    """The waiting queue is full: try again after `retry_after` seconds."""
-
-    def __init__(self, retry_after: int):
-        super().__init__(f"the server is busy (its queue is full); retry after {retry_after} s")
-        self.retry_after = retry_after
-
-
-class Draining(Exception):
-    """The server is shutting down: it finishes the requests it has and takes no new ones."""
-
-    def __init__(self):
-        super().__init__("the server is shutting down and takes no new requests")
-
-
-@dataclass(frozen=True)
-class EngineLimits:
-    """How much the engine takes on. max_sequences: sequences decoded at once (a request counts
-    the samples `generate` decodes together, min(n, batch size)); max_tokens_in_flight: those
-    sequences times their length, over the running requests; max_queue: requests waiting beyond."""
-
-    max_sequences: int = bounded(32, ge=1, le=4096, integer=True)
-    max_tokens_in_flight: int = bounded(16384, ge=1, le=2**24, integer=True)
-    max_queue: int = bounded(64, ge=0, le=100_000, integer=True)
-
-    def validate(self) -> EngineLimits:
-        check_ranges(self, "engine limits")
-        return self
-
-
-def job_size(kwargs: dict[str, Any], config: Any) -> tuple[int, int]:
-    """(sequences decoded at once, tokens in flight) of a `generate` call: `generate` decodes at most
-    batch_size (default 32) of its samples at a time."""
-    n = int(kwargs.get("num_samples", 1))
-    condition = kwargs.get("condition")
-    length = condition.length if condition is not None else kwargs.get("length") or config.block_size
-    at_once = min(n, int(kwargs.get("batch_size") or GenerationSettings.batch_size))
-    return at_once, at_once * int(length)
-
-
-@dataclass(eq=False)
-class Job:
-    """One request: `generate` keyword arguments (the model is the engine's), its size, and where
-    its events go: ``on_event("step", Revealed)`` after each step (if `steps`), then ``("done",
-    GenerationResult)`` or ``("error", (status, message))``, called from the engine's thread (so they
-    must not block)."""
-
-    kwargs: dict[str, Any]
-    sequences: int
-    tokens: int
-    on_event: Callable[[str, Any], None] = lambda kind, payload: None
-    steps: bool = True  # report every step ("step" events); off, a job costs a little less per step
-    id: int = field(default_factory=itertools.count(1).__next__)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    finished: threading.Event = field(default_factory=threading.Event)
-    result: GenerationResult | None = None
-    error: tuple[int, str] | None = None
-    started: float | None = None
-    _engine: Engine | None = None
-
-    def cancel(self) -> None:
-        """Stop this job at its next step (nothing happens if it has finished)."""
-        self.cancelled.set()
-        if self._engine is not None:
-            self._engine._cancel(self)
+def _memory_trimmer() -> Any:
+    """glibc's ``malloc_trim`` (returns freed heap memory to the system), or None where there is none."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None
 
 
 class SharedModel:
@@ -175,10 +140,17 @@ class Engine:
         self._running: dict[Job, greenlet.greenlet] = {}
         self._parked: list[tuple[Job, ForwardCall]] = []  # the loop's own: touched only in its thread
         self._draining = self._stopping = False
+        self._drain_deadline: float | None = None
         self._loop: threading.Thread | None = None
+        self._failed = False  # the loop itself died (a bug): `health` says "stopped"
         self._hub: greenlet.greenlet | None = None  # the loop's greenlet, where parked jobs switch to
         self._job_seconds = 1.0  # running mean of a job's time, for Retry-After
-        self.stats = {"steps": 0, "rows": 0, "requests": 0, "finished": 0, "cancelled": 0, "failed": 0, "refused": 0}
+        self._load = (0, 0, 0, 0)  # running, waiting, sequences, tokens in flight: replaced whole, read without lock
+        self._progress_at = time.monotonic()  # the loop's last step, admission or finish
+        self.longest_stall = 0.0  # the longest time, with work to do, between two signs of progress
+        self._trim, self._trimmed_at = _memory_trimmer(), time.monotonic()
+        self.stats = {"steps": 0, "rows": 0, "requests": 0, "finished": 0, "cancelled": 0, "timed_out": 0,
+                      "expired": 0, "failed": 0, "refused": 0}
 
     # ----------------------------------------------------------------- lifecycle
     @property
@@ -186,35 +158,48 @@ class Engine:
         """Whether the engine has stopped taking requests (`drain`)."""
         return self._draining
 
+    @property
+    def drain_deadline(self) -> float | None:
+        """When (`time.monotonic`) the requests still running after `drain(timeout)` are cancelled."""
+        return self._drain_deadline
+
     def start(self) -> Engine:
         if self._loop is None:
             self._loop = threading.Thread(target=self._run_loop, name="aogpt-engine", daemon=True)
             self._loop.start()
         return self
 
-    def drain(self) -> None:
-        """Take no new requests; those running or waiting still finish."""
+    def drain(self, timeout: float | None = None) -> None:
+        """Take no new requests; those running or waiting still finish, or, with `timeout`, are
+        cancelled when that many seconds have passed (a second call never extends the first's)."""
         with self._lock:
             self._draining = True
+            if timeout is not None:
+                deadline = time.monotonic() + timeout
+                self._drain_deadline = min(deadline, self._drain_deadline or deadline)
+            self._lock.notify_all()
 
     def stop(self, timeout: float | None = None) -> None:
-        """Drain, wait up to `timeout` seconds for the accepted requests, cancel what is left, stop."""
-        self.drain()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        """Drain, wait up to `timeout` seconds (or until the drain deadline) for the accepted requests,
+        cancel what is left, stop."""
+        self.drain(timeout)
         with self._lock:
-            while (self._running or self._waiting) and self._loop is not None:
-                left = None if deadline is None else deadline - time.monotonic()
+            while (self._running or self._waiting) and self._loop is not None and self._loop.is_alive():
+                left = None if self._drain_deadline is None else self._drain_deadline - time.monotonic()
                 if left is not None and left <= 0:
                     break
                 self._lock.wait(left)
             leftover = [*self._running, *self._waiting]
         for job in leftover:
-            job.cancel()
+            job.cancel(SHUTDOWN)
         with self._lock:
             self._stopping = True
             self._lock.notify_all()
         if self._loop is not None:
-            self._loop.join()
+            bound = None if self._drain_deadline is None else max(0.0, self._drain_deadline - time.monotonic()) + 5
+            self._loop.join(bound)  # a loop stuck in a step must not hold a bounded shutdown up (it is a daemon)
+            if self._loop.is_alive():
+                log.error("the engine's loop did not stop within 5 s of the drain deadline; leaving it")
             self._loop = None
 
     def __enter__(self) -> Engine:
@@ -226,41 +211,67 @@ class Engine:
     # ----------------------------------------------------------------- requests
     def submit(self, job: Job) -> Job:
         """Queue `job` (raises `Busy` or `Draining`, or `AOGPTError` for a job larger than the limits);
-        it starts at the next step the limits allow."""
+        it starts at the next step the limits allow, or ends with 503 at its queue deadline."""
         lim = self.limits
         if job.sequences > lim.max_sequences or job.tokens > lim.max_tokens_in_flight:
             raise AOGPTError(f"this request decodes {job.sequences} sequences and {job.tokens} tokens at once, more "
                              f"than this server takes ({lim.max_sequences} sequences, {lim.max_tokens_in_flight} "
                              "tokens in flight)", "lower n or max_tokens")
+        now = time.monotonic()
+        timeout = min((t for t in (job.timeout, lim.timeout) if t is not None), default=None)
+        queue_timeout = min((t for t in (lim.queue_timeout, timeout) if t is not None), default=None)
         with self._lock:
             if self._draining:
                 raise Draining()
             must_wait = bool(self._waiting) or not self._fits(job)
             if must_wait and len(self._waiting) >= lim.max_queue:
                 self.stats["refused"] += 1
-                raise Busy(max(1, round(self._job_seconds * (1 + len(self._waiting)) / max(1, len(self._running)))))
-            job._engine = self
+                raise Busy(self._retry_after())
+            if not self._running and not self._waiting:
+                self._progress_at = now  # idle time is not a stall
+            job.submitted = now
+            job.deadline = None if timeout is None else now + timeout
+            job.queue_deadline = None if queue_timeout is None else now + queue_timeout
             self.stats["requests"] += 1
             self._waiting.append(job)
+            self._update_load()
             self._lock.notify_all()
         return job
 
     def run(self, timeout: float | None = None, **kwargs: Any) -> GenerationResult:
         """Submit one request with these `generate` arguments and wait for its result (Python use)."""
-        job = self.submit(Job(kwargs, *job_size(kwargs, self.model.config)))
-        if not job.finished.wait(timeout):
+        job = self.submit(Job(kwargs, *job_size(kwargs, self.model.config), timeout=timeout))
+        if not job.finished.wait(None if job.deadline is None else job.deadline - time.monotonic() + 5):
             job.cancel()
             raise TimeoutError(f"the request took longer than {timeout} s")
         if job.error is not None:
+            if job.outcome in ("timed_out", "expired"):
+                raise TimeoutError(job.error[1])
             raise AOGPTError(job.error[1], "fix the request") if job.error[0] == 400 else RuntimeError(job.error[1])
         return job.result
 
     def load(self) -> dict[str, int]:
-        """What the engine holds now: requests running and waiting, sequences and tokens in flight."""
-        with self._lock:
-            return {"running": len(self._running), "waiting": len(self._waiting),
-                    "sequences": sum(j.sequences for j in self._running),
-                    "tokens_in_flight": sum(j.tokens for j in self._running)}
+        """What the engine holds now: requests running and waiting, sequences and tokens in flight
+        (a snapshot: no lock is taken)."""
+        running, waiting, sequences, tokens = self._load
+        return {"running": running, "waiting": waiting, "sequences": sequences, "tokens_in_flight": tokens}
+
+    def health(self) -> dict[str, Any]:
+        """Whether the loop is alive and making progress, without taking the lock: `engine` is "idle"
+        (nothing to do), "busy" (progress within the last `stall_after` seconds), "stuck" (work but no
+        progress for longer) or "stopped" (the loop is not running)."""
+        running, waiting, _, _ = self._load
+        since = time.monotonic() - self._progress_at if running or waiting else 0.0
+        alive = self._loop is not None and self._loop.is_alive() and not self._failed
+        state = ("stopped" if not alive else "idle" if not (running or waiting)
+                 else "stuck" if since > self.limits.stall_after else "busy")
+        return {"engine": state, "seconds_since_progress": round(since, 3), "stall_after": self.limits.stall_after,
+                "longest_stall": round(max(self.longest_stall, since), 3)}
+
+    def _retry_after(self) -> int:
+        """Seconds until a slot is likely free: the recent time per request, times the queue ahead."""
+        running, waiting = len(self._running), len(self._waiting)
+        return max(1, round(self._job_seconds * (1 + waiting) / max(1, running)))
 
     def _fits(self, job: Job) -> bool:
         if not self._running:
@@ -268,28 +279,41 @@ class Engine:
         return (sum(j.sequences for j in self._running) + job.sequences <= self.limits.max_sequences
                 and sum(j.tokens for j in self._running) + job.tokens <= self.limits.max_tokens_in_flight)
 
-    def _cancel(self, job: Job) -> None:
-        with self._lock:
-            self._lock.notify_all()  # the loop ends it at its next step
+    def _update_load(self) -> None:
+        """Refresh the lock-free snapshot (lock held)."""
+        self._load = (len(self._running), len(self._waiting), sum(j.sequences for j in self._running),
+                      sum(j.tokens for j in self._running))
 
-    def _finish(self, job: Job, error: tuple[int, str] | None) -> None:
-        """Record how a job ended and tell its owner (lock held)."""
+    def _progress(self) -> None:
+        now = time.monotonic()
+        self.longest_stall = max(self.longest_stall, now - self._progress_at)
+        self._progress_at = now
+
+    def _settle(self, job: Job, error: tuple[int, str] | None, outcome: str = "failed") -> tuple[str, Any] | None:
+        """Record how a job ended (lock held): its result, or `error` (counted as `outcome`), or, with
+        neither, its cancellation. Returns the event to hand its owner (None if it had ended)."""
         if job.finished.is_set():
-            return
+            return None
         if job.result is not None:
-            kind = "finished"
+            outcome = "finished"
             self._job_seconds = 0.8 * self._job_seconds + 0.2 * (time.monotonic() - (job.started or 0.0))
-        elif error is not None:
-            kind = "failed"
-        else:
-            kind = "cancelled"
-            error = (503, "the request was cancelled (its client went away, or the server stopped)")
-        self.stats[kind] += 1
-        job.error = None if kind == "finished" else error
+        elif error is None:
+            error, outcome = job.reason, job.outcome
+        self.stats[outcome] += 1
+        job.outcome = outcome
+        job.error = None if outcome == "finished" else error
+        if job.error is not None and job.error[0] == 503:
+            job.retry_after = self._retry_after()
         job.finished.set()
         self._lock.notify_all()
+        return ("done", job.result) if outcome == "finished" else ("error", job.error)
+
+    def _deliver(self, job: Job, event: tuple[str, Any] | None) -> None:
+        """Hand a job's last event to its owner (lock not held: a listener cannot stall the engine)."""
+        if event is None:
+            return
         try:
-            job.on_event(*(("done", job.result) if kind == "finished" else ("error", job.error)))
+            job.on_event(*event)
         except Exception:  # whoever listened has gone (a closed event loop): the engine goes on
             log.warning("request %d ended but nobody took its result:\n%s", job.id, traceback.format_exc())
 
@@ -319,21 +343,52 @@ class Engine:
             error = (500, "internal error while generating (the server's log has the details)")
         with self._lock:
             self._running.pop(job, None)
-            self._finish(job, error)
+            self._update_load()
+            event = self._settle(job, error)
+        self._deliver(job, event)
+
+    def _expire(self) -> None:
+        """Shed what is out of time: waiting jobs past their queue deadline (or cancelled) end now;
+        running jobs past their deadline, and everything once the drain deadline has passed, are
+        cancelled (they stop at this step)."""
+        now = time.monotonic()
+        over = self._drain_deadline is not None and now >= self._drain_deadline
+        ended: list[tuple[Job, tuple[str, Any] | None]] = []
+        with self._lock:
+            for job in list(self._waiting):
+                if over:
+                    job.cancel(SHUTDOWN)
+                if job.cancelled.is_set():
+                    error, outcome = None, "cancelled"
+                elif job.queue_deadline is not None and now >= job.queue_deadline:
+                    error, outcome = queue_error(job.queue_deadline - job.submitted), "expired"
+                else:
+                    continue
+                self._waiting.remove(job)
+                ended.append((job, self._settle(job, error, outcome)))
+            if ended:
+                self._update_load()
+            for job in self._running:
+                if over:
+                    job.cancel(SHUTDOWN)
+                elif job.deadline is not None and now >= job.deadline:
+                    job.cancel(deadline_error(job.deadline - job.submitted), "timed_out")
+        for job, event in ended:
+            self._deliver(job, event)
+        if ended:
+            self._progress()
 
     def _admit(self) -> list[Job]:
-        """Waiting jobs that start now, first come first served, while the limits allow; cancelled
-        waiting ones are dropped."""
+        """Waiting jobs that start now, first come first served, while the limits allow."""
         started = []
         with self._lock:
-            for job in [j for j in self._waiting if j.cancelled.is_set()]:
-                self._waiting.remove(job)
-                self._finish(job, None)
             while self._waiting and self._fits(self._waiting[0]):
                 job = self._waiting.popleft()
                 job.started = time.monotonic()
                 self._running[job] = greenlet.greenlet(functools.partial(self._run_job, job), self._hub)
                 started.append(job)
+            if started:
+                self._update_load()
         return started
 
     def _idle(self) -> bool:
@@ -347,25 +402,46 @@ class Engine:
 
     def _run_loop(self) -> None:
         self._hub = greenlet.getcurrent()
-        with torch.inference_mode():
-            while self._idle():
-                for job in self._admit():  # each runs until it parks its first forward (or ends)
-                    self._running[job].switch()
-                batch, self._parked = self._parked, []
-                if not batch:  # running jobs but nothing parked: cannot happen, but never spin
-                    time.sleep(0.001)
-                    continue
-                results = self._step(batch)
-                for (job, _), result in zip(batch, results, strict=True):
-                    g = self._running.get(job)
-                    if g is None:
+        try:
+            with torch.inference_mode():
+                while self._idle():
+                    self._expire()
+                    started = self._admit()
+                    for job in started:  # each runs until it parks its first forward (or ends)
+                        self._running[job].switch()
+                    if started:
+                        self._progress()
+                    batch, self._parked = self._parked, []
+                    if not batch:  # nothing parked (every job ended, or was shed): look again
+                        time.sleep(0.001)
                         continue
-                    if job.cancelled.is_set():
-                        g.throw(Cancelled())
-                    elif isinstance(result, BaseException):
-                        g.throw(result)
-                    else:
-                        g.switch(result)  # runs until its next forward is parked, or it ends
+                    results = self._step(batch)
+                    self._progress()
+                    if self._trim is not None and self._progress_at - self._trimmed_at >= TRIM_EVERY:
+                        self._trim(0)
+                        self._trimmed_at = time.monotonic()
+                    for (job, _), result in zip(batch, results, strict=True):
+                        g = self._running.get(job)
+                        if g is None:
+                            continue
+                        if job.cancelled.is_set():
+                            g.throw(Cancelled())
+                        elif isinstance(result, BaseException):
+                            g.throw(result)
+                        else:
+                            g.switch(result)  # runs until its next forward is parked, or it ends
+        except BaseException:  # a bug in the loop itself: every request gets an answer, and health says so
+            self._failed = True
+            log.error("the engine's loop stopped:\n%s", traceback.format_exc())
+            with self._lock:
+                jobs = [*self._running, *self._waiting]
+                self._running.clear()
+                self._waiting.clear()
+                self._update_load()
+                error = (500, "internal error: the server's engine stopped (its log has the details)")
+                events = [(job, self._settle(job, error)) for job in jobs]
+            for job, event in events:
+                self._deliver(job, event)
 
     def _step(self, batch: list[tuple[Job, ForwardCall]]) -> list[Any]:
         """Run one step's calls: those with a KV cache stacked into one forward, the others alone.

@@ -60,6 +60,7 @@ class CompletionRequest(BaseModel):
     candidates: int | None = Field(None, ge=1, le=1_000_000)
     threshold: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, le=2**31)
+    timeout: float | None = Field(None, gt=0, le=86_400)  # seconds: this request's deadline (at most the server's)
 
 
 def is_template(prompt: Any) -> bool:
