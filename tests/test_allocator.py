@@ -35,3 +35,15 @@ def test_freed_blocks_are_reused_instead_of_faulting_in_fresh_pages():
     kept, default = faults_per_step("keep"), faults_per_step("default")
     # measured here: ~90 page faults a step kept, ~800 with glibc's defaults (fresh pages every step)
     assert 3 * kept < default, (kept, default)
+
+
+def test_every_command_but_the_server_keeps_freed_memory(monkeypatch, tmp_path):
+    import aogpt.cli as cli
+
+    calls: list[int] = []
+    monkeypatch.setattr(cli, "keep_freed_memory", lambda: calls.append(1) or True)
+    missing = str(tmp_path / "missing")
+    assert cli.main(["serve", "--checkpoint", missing]) == 2  # refused before it starts: no thresholds raised
+    assert calls == []
+    assert cli.main(["eval", "--checkpoint", missing]) == 2
+    assert calls == [1]

@@ -6,8 +6,9 @@ tensors of the same sizes every time, so each step's activations land on new pag
 faults on its first touch: measured on the quickstart's AO-GPT step (one thread), about 13,000 page
 faults and 20 ms of kernel time a step, besides the cold caches. Raising the mmap and trim
 thresholds keeps those blocks in the heap, where the next step reuses them: about 130 faults a step.
-The cost is that the process keeps its peak heap until it exits (what a training run or a server
-holds anyway). Other platforms and C libraries are left as they are.
+The cost is that the process keeps its peak heap until it exits: what a training run holds anyway,
+but not what a long-lived server should, so `aogpt serve` keeps glibc's defaults (aogpt.cli).
+Other platforms and C libraries are left as they are.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ from aogpt.errors import AOGPTError
 
 COMMANDS = ["prepare", "train", "adapt", "sample", "eval", "bench", "convert", "harness", "compare", "reproduce",
             "serve"]
+# Long-lived commands whose memory must follow their load: they keep glibc's default thresholds, so memory a
+# burst of requests used goes back to the system (the server also trims every few seconds, aogpt.serve).
+MEMORY_FOLLOWS_LOAD = {"serve"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -33,9 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    keep_freed_memory()  # every command runs steps that free and re-allocate the same tensors (aogpt.allocator)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command not in MEMORY_FOLLOWS_LOAD:
+        keep_freed_memory()  # steps that free and re-allocate the same tensors reuse them (aogpt.allocator)
     try:
         if not getattr(args, "func", None):  # plain `aogpt`: said like any other bad input
             raise AOGPTError("no command given", f"run {parser.prog} --help")
