@@ -39,3 +39,13 @@ def test_precisions_side_by_side(tmp_path):
     assert "| matmul |" in (tmp_path / "train.md").read_text()
     with pytest.raises(AOGPTError, match="unknown precision"):
         bench_train(size=TINY, dtypes="int8")
+
+
+def test_profiling_a_step_writes_nothing_to_stderr(capfd):
+    import torch
+
+    from aogpt.bench.train_profile import profile_step
+
+    result = profile_step(lambda: torch.randn(16, 16) @ torch.randn(16, 16))
+    assert result["total"] > 0
+    assert capfd.readouterr().err == ""  # the profiler's native start/stop lines are not shown

@@ -14,7 +14,10 @@ CPU time is put in one bucket by its name, so the shares add up to the step. Buc
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 BUCKETS = ("attention", "matmul", "norm", "gather", "optimizer", "elementwise", "other")
@@ -39,11 +42,32 @@ def bucket(name: str) -> str:
     return "other"
 
 
+@contextlib.contextmanager
+def native_stderr_silenced() -> Iterator[None]:
+    """The profiler's C++ side (kineto) writes a log line to the process's stderr each time it starts
+    and stops, whatever its log level: nothing a user of the table needs. Python's own errors still
+    reach the terminal, after the block."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no file descriptor 2 (an embedding host): nothing to silence
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def profile_step(step: Callable[[], Any]) -> dict[str, Any]:
     """Self CPU time of one call of `step` by bucket (seconds and shares) and its top operators."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
     totals = dict.fromkeys(BUCKETS, 0.0)
     ops: list[tuple[str, float]] = []

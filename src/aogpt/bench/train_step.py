@@ -162,6 +162,11 @@ def bench_train(*, block: int = 256, batch: int = 8, size: Size | None = None,
             progress(s + 1, f"step {s + 1}")
     if load:
         load.append(os.getloadavg()[0])
+    if matmul:  # measured again after the steps: the faster of the two, shape by shape (aogpt.bench.limits)
+        from aogpt.bench.limits import faster_of, matmul_rate
+
+        matmul["rates"] = {d: faster_of(r, matmul_rate(shapes, precision[d][0] or torch.float32, dev))
+                           for d, r in matmul["rates"].items()}
     seconds = {name: statistics.median(r) for name, r in runs.items()}
     cpu_seconds = {name: statistics.median(r) for name, r in cpu_runs.items()}
     trainers.clear()  # free the models before the caller goes on
