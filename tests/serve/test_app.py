@@ -370,7 +370,9 @@ def test_sigterm_cancels_what_is_still_running_at_the_drain_deadline_and_exits_0
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert took < 10, f"exited {took:.1f} s after SIGTERM with a 1 s drain"
+    # bounded: 1 s of drain, the step in progress, the HTTP side's shutdown (about 3 s on a quiet machine;
+    # 11 s was seen with four other jobs on the 2 cores), far below the 30 s default drain it replaces
+    assert took < 20, f"exited {took:.1f} s after SIGTERM with a 1 s drain"
     for i in range(4):
         assert got[i][-1]["error"]["code"] == 503 and "shut down" in got[i][-1]["error"]["message"], got[i][-1]
     assert "Traceback" not in proc.stderr.read()
