@@ -107,3 +107,13 @@ def test_the_library_never_imports_the_cli():
     offenders = [str(p.relative_to(src)) for p in src.rglob("*.py")
                  if p.parent.name != "cli" and p.name != "__main__.py" and "aogpt.cli" in p.read_text()]
     assert offenders == []
+
+
+def test_the_unit_is_plural_by_the_total_not_by_the_count_so_far():
+    clock, out = Clock(), io.StringIO()
+    bar = Heartbeat(100, "train", unit="step", interval=0, file=out, clock=clock)
+    bar.update(1)
+    assert out.getvalue().splitlines()[-1].startswith("train: 1/100 steps (1%)")
+    single = Heartbeat(None, "train", unit="step", interval=0, file=out, clock=clock)
+    single.update(1)
+    assert out.getvalue().splitlines()[-1].startswith("train: 1 step,")

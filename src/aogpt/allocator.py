@@ -7,7 +7,7 @@ faults on its first touch: measured on the quickstart's AO-GPT step (one thread)
 faults and 20 ms of kernel time a step, besides the cold caches. Raising the mmap and trim
 thresholds keeps those blocks in the heap, where the next step reuses them: about 130 faults a step.
 The cost is that the process keeps its peak heap until it exits: what a training run holds anyway,
-but not what a long-lived server should, so `aogpt serve` keeps glibc's defaults (aogpt.cli).
+but not what a long-lived server should, so `aogpt serve` keeps glibc's defaults (the command line decides).
 Other platforms and C libraries are left as they are.
 """
 

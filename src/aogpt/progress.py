@@ -110,7 +110,8 @@ class Heartbeat:
     # ------------------------------------------------------------------ the line
     def line(self) -> str:
         """`desc: n/total units (pct%), postfix, elapsed E, ETA T`."""
-        unit = self.unit + "s" if self.n != 1 and len(self.unit) > 2 and not self.unit.endswith("s") else self.unit
+        counted = self.total if self.total else self.n  # "1/100 steps" (of the total), "1 step" (no total)
+        unit = self.unit + "s" if counted != 1 and len(self.unit) > 2 and not self.unit.endswith("s") else self.unit
         count = f"{_value(self.n)}/{_value(self.total)} {unit}" if self.total else f"{_value(self.n)} {unit}"
         if self.total:
             count += f" ({int(100 * self.n / self.total)}%)"
