@@ -198,3 +198,13 @@ def test_bad_infill_requests_are_one_line_errors(ckpts: dict, capsys: pytest.Cap
     assert len(err.strip().splitlines()) == 1
     rc, _, err = run(capsys, "--checkpoint", str(ckpts["aogpt"]), "--data", str(ckpts["text"]), "--compare", "x")
     assert rc == 2 and "--compare is for infilling" in err
+
+
+def test_infill_help_states_the_library_defaults(capsys: pytest.CaptureFixture) -> None:
+    from aogpt.evaluation.infill import CONTEXT, NUM_CUTS, SPAN_LENGTHS
+
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"(default {','.join(map(str, SPAN_LENGTHS))})" in text and f"(default {NUM_CUTS})" in text
+    assert f"each span (default {CONTEXT})" in text

@@ -17,7 +17,6 @@ from aogpt.cli.sample import MAX_SAMPLES
 from aogpt.config import ModelConfig
 from aogpt.device import PRECISION_NAMES, auto_precision, resolve_device, resolve_dtype
 from aogpt.errors import AOGPTError
-from aogpt.evaluation.infill import CONTEXT, NUM_CUTS, SPAN_LENGTHS
 from aogpt.generation.settings import DecodePlan
 from aogpt.orders import ADAPTIVE
 from aogpt.sampling import SamplingConfig
@@ -62,12 +61,12 @@ def add_parser(subparsers: Any) -> None:
     f.add_argument("--infill", action="store_true",
                    help="score held-out spans exactly given the text on both sides (and given the prefix only), "
                    "in bits per byte of the span; --data must be a prepared data directory or a text file")
-    f.add_argument("--span-lengths", metavar="L,L,...", type=_lengths, default=SPAN_LENGTHS,
+    f.add_argument("--span-lengths", metavar="L,L,...", type=_lengths, default=None,
                    help="span lengths in tokens (default 8,32,64)")
-    f.add_argument("--cuts", type=int_arg(ge=1, le=100_000), default=NUM_CUTS, metavar="N",
-                   help=f"spans per length, drawn with --seed (default {NUM_CUTS})")
-    f.add_argument("--infill-context", type=int_arg(ge=0, le=100_000), default=CONTEXT, metavar="C",
-                   help=f"tokens of prefix and of suffix around each span (default {CONTEXT})")
+    f.add_argument("--cuts", type=int_arg(ge=1, le=100_000), default=None, metavar="N",
+                   help="spans per length, drawn with --seed (default 64)")
+    f.add_argument("--infill-context", type=int_arg(ge=0, le=100_000), default=None, metavar="C",
+                   help="tokens of prefix and of suffix around each span (default 32)")
     f.add_argument("--infill-order", choices=ADAPTIVE, default="confidence",
                    help="the model's own span order, chosen step by step and scored exactly (default confidence)")
     f.add_argument("--compare", metavar="RUN", action="append", default=[], type=path_arg,
@@ -262,6 +261,7 @@ def _held_out(spec: str, loaded: Any) -> tuple[np.ndarray, dict]:
 def _infill(args: argparse.Namespace, sets: list[str], device: torch.device, dtype: torch.dtype) -> int:
     """`aogpt eval --infill`: the same cuts for the checkpoint and every --compare (docs/evaluation.md)."""
     from aogpt.checkpoint import load
+    from aogpt.evaluation import infill
     from aogpt.evaluation.infill import make_cuts, score_cuts, summarize
     from aogpt.families import family_of
 
@@ -271,6 +271,9 @@ def _infill(args: argparse.Namespace, sets: list[str], device: torch.device, dty
         raise AOGPTError("no checkpoint given", "pass --checkpoint RUN")
     if args.genppl is not None or args.genppl_samples is not None:
         raise AOGPTError("--infill and generation perplexity both asked", "run them separately")
+    args.span_lengths = args.span_lengths or infill.SPAN_LENGTHS  # the library's defaults, imported only here
+    args.cuts = args.cuts or infill.NUM_CUTS
+    args.infill_context = infill.CONTEXT if args.infill_context is None else args.infill_context
     loaded = load(args.checkpoint, weights=args.weights, device=device, dtype=dtype)
     if not family_of(loaded.model).any_order:
         raise AOGPTError(f"--checkpoint is a {loaded.config.variant}, which cannot read a suffix",
