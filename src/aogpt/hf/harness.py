@@ -107,6 +107,22 @@ class AOGPTLM(LM):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, s.logprob)
         return [s.logprob for s in scores]
 
+    def loglikelihood_infill(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        """log p(span | prefix, suffix) for requests whose args are (prefix, span, suffix) strings:
+        exact, the sides read first and the span left to right (`aogpt.evaluation.infill.span_logprob`).
+        Not one of lm-eval's own request types (it asks for continuations only): for tasks and scripts
+        that score a gap given both sides. Each piece is encoded on its own."""
+        from aogpt.evaluation.infill import span_logprob
+
+        out = []
+        with progress(total=len(requests), desc="harness: loglikelihood_infill",
+                      disable=disable_tqdm or not self.show_progress) as bar:
+            for req in requests:
+                prefix, span, suffix = (list(self.tokenizer.encode(t)) if t else [] for t in req.args)
+                out.append(span_logprob(self.model, prefix, span, suffix))
+                bar.update(1)
+        return out
+
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         out = []
         with progress(total=len(requests), desc="harness: generate_until",
