@@ -85,7 +85,7 @@ echo "   tokens revealed so far, wherever they are (any-order generation, with t
 aogpt sample --checkpoint "$RUN" --order random "${SAMPLING[@]}"
 echo
 echo "-- infilling: a held-out passage (Hamlet is not trained on) with five spans of 5-10 tokens hidden inside its"
-echo "   lines; each fill sees the text on both sides: the best of 8 drafts, scored exactly by the model --"
+echo "   lines; each fill sees the text on both sides and is drawn left to right inside its gap --"
 PASSAGE=${QUICKSTART_PASSAGE:-"HAMLET:
 To be, or not to be:[[ that is the question]]:
 Whether 'tis nobler in the mind[[ to suffer]]

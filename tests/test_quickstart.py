@@ -54,7 +54,7 @@ def test_quickstart_end_to_end_tells_the_truth(tmp_path, make_corpus):
     for label in ("-- left to right:", "-- random order:", "-- infilling:"):
         assert any(line.startswith(label) for line in lines), label
     assert "original:\nHAMLET:\nTo be, or not to be: that is the question:" in out
-    assert "order l2r" in out and "order random" in out and "infilling: best of 8 drafts" in out
+    assert "order l2r" in out and "order random" in out and "infilling: left to right inside each gap" in out
     assert out.count("(count, linear)") == 3  # one token per step: each sample follows the model's own law
     # 8 samples of each kind, 2 shown, and the share of their words found in the training text
     assert out.count("--- sample 1 of 8 ---") == 2 and out.count("--- sample 3 of 8 ---") == 0

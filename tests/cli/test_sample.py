@@ -167,7 +167,7 @@ def test_word_check_counts_the_samples_words_found_in_the_training_text(cli, run
 
 def test_passage_infill_uses_the_default_method_and_checks_the_filled_words(cli, runs, bytes_data):
     """A passage with [[hidden words]]: template, fills, original and the original's exact bits per byte;
-    the default method (best of D drafts) is announced; --word-check counts only the filled words."""
+    the default method is announced; --word-check counts only the filled words."""
     import math
 
     from aogpt.data import PreparedData
@@ -178,7 +178,7 @@ def test_passage_infill_uses_the_default_method_and_checks_the_filled_words(cli,
     res = cli("sample", "--checkpoint", runs["aogpt"], "--infill", passage, "-n", "2", "--seed", "4",
               "--word-check", bytes_data, "--json", "--no-progress", "--dtype", "float32", "--device", "cpu")
     assert res.code == 0, res.err
-    assert "infilling: best of" in res.err and "the default for --infill" in res.err
+    assert "infilling: left to right inside each gap (the default for --infill" in res.err
     assert "template:\nTo be, or [MASK:6] be, that is [MASK:12]." in res.out
     assert "original:\nTo be, or not to be, that is the question." in res.out
     loaded = aogpt.load(runs["aogpt"])
@@ -193,7 +193,12 @@ def test_passage_infill_uses_the_default_method_and_checks_the_filled_words(cli,
     assert res.json["words"] == len(found) and "words in the filled words of all 2 samples" in res.out
     share = sum(w in vocab for w in found) / len(found) if found else math.nan
     assert res.json["word_share"] == pytest.approx(share, nan_ok=True)
-    assert DEFAULT_METHOD in " ".join(cli("sample", "--help").out.split())  # the help states the library's default
+    helptext = " ".join(cli("sample", "--help").out.split())
+    assert f"{DEFAULT_METHOD} (left to right inside each gap; the default" in helptext
+    res = cli("sample", "--checkpoint", runs["aogpt"], "--infill", passage, "-n", "2", "--seed", "4", "--json",
+              "--no-progress", "--dtype", "float32", "--device", "cpu", "--infill-method", "best-of:3")
+    assert res.code == 0 and "infilling: best of 3 drafts" in res.err and "the default" not in res.err
+    assert len(res.json["settings"]["draft_nll"]) == 2
     bad = cli("sample", "--checkpoint", runs["aogpt"], "--infill", "a [[b]] [MASK]", "--no-progress")
     assert bad.code == 2 and "mixes" in bad.err and len(bad.err.strip().splitlines()) == 1
     bad = cli("sample", "--checkpoint", runs["aogpt"], "--infill", "a [MASK]", "--infill-method", "best-of:x")

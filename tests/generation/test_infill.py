@@ -72,7 +72,7 @@ def test_best_of_d_follows_the_enumerated_law_of_the_most_likely_of_d_draws() ->
 def test_plain_methods_and_bad_methods() -> None:
     model = random_model("aogpt", n=N_POS, vocab=V, seed=12)
     res = fill(model, KNOWN, method="confidence", length=N_POS, num_samples=4, seed=1)
-    assert res.settings["order"] == "confidence" and (res.tokens[:, 0] == 2).all()
+    assert res.settings["order"] == "the model's surest position first (confidence)" and (res.tokens[:, 0] == 2).all()
     assert parse_method("best-of:4:confidence").drafts == 4
     for bad in ("best-of:0", "best-of:x", "best", "best-of:2:sideways"):
         with pytest.raises(AOGPTError, match="unknown infilling method"):

@@ -40,8 +40,9 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("--known", metavar="POS=ID,...", default=None,
                    help="explicit known tokens as position=token-id pairs (needs --length); the rest is generated")
     p.add_argument("--infill-method", metavar="METHOD", default=None,
-                   help="how blanks are filled: best-of:D[:ORDER] (D drafts, the most likely kept; default "
-                   "best-of:8 when --order is not given), random, l2r, confidence, margin, entropy")
+                   help="how blanks are filled, one token per step: l2r (left to right inside each gap; the default "
+                   "when --order is not given), random, confidence, margin, entropy, or best-of:D[:ORDER] (D "
+                   "drafts, the most likely kept)")
     p.add_argument("--policy", choices=("bernoulli", "count"), default=None,
                    help="bernoulli: Lemma 4.1, each masked position revealed with prob. (t-s)/t (default for "
                    "any-order models); count: a fixed number per step (the reference code's rule; gpt)")
