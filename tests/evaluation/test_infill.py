@@ -137,3 +137,23 @@ def test_random_rows_are_the_mean_of_k_exact_draws_and_bad_requests_are_refused(
         make_cuts(np.arange(10), 8, context=4, num_cuts=1)
     with pytest.raises(AOGPTError, match="inside one document"):
         make_cuts(np.array([1, 2, 0] * 20), 1, context=1, num_cuts=2, eot_id=0)
+
+
+def test_the_models_own_order_is_chosen_on_other_spans_only() -> None:
+    """both/best is the l2r or the adaptive row, whichever is likelier on the calibration spans (recomputed
+    here); the evaluation spans never enter the choice."""
+    from aogpt.evaluation.infill import calibration_cuts, choose_order
+
+    model = random_model("aogpt", n=W, seed=13)
+    text = np.random.default_rng(1).integers(0, 11, 300)
+    cuts = make_cuts(text, L, num_cuts=8, context=C, seed=2)
+    calib = calibration_cuts(text, cuts, seed=2, num_cuts=6)
+    assert not np.array_equal(calib.starts, cuts.starts)
+    l2r = float(span_nll(model, calib.windows, C, L).sum())
+    ada = float(adaptive_span_nll(model, calib.windows, C, L)[0].sum())
+    want = "l2r" if l2r <= ada else "confidence"
+    assert choose_order(model, calib) == want
+    s = score_cuts(model, cuts, num_orders=2, calibration=calib)
+    assert s.best_order == want and s.nll["both/best"] == s.nll["both/l2r" if want == "l2r" else "both/adaptive"]
+    other = score_cuts(model, cuts, num_orders=2, calibration=make_cuts(text, L, num_cuts=6, context=C, seed=99))
+    assert other.nll["both/l2r"] == s.nll["both/l2r"]  # the evaluation rows do not depend on the calibration

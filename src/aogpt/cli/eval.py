@@ -68,7 +68,8 @@ def add_parser(subparsers: Any) -> None:
     f.add_argument("--infill-context", type=int_arg(ge=0, le=100_000), default=None, metavar="C",
                    help="tokens of prefix and of suffix around each span (default 32)")
     f.add_argument("--infill-order", choices=ADAPTIVE, default="confidence",
-                   help="the model's own span order, chosen step by step and scored exactly (default confidence)")
+                   help="the adaptive span order, chosen step by step and scored exactly (default confidence); the "
+                   "model's own order is it or left to right, whichever is likelier on 16 other spans")
     f.add_argument("--compare", metavar="RUN", action="append", default=[], type=path_arg,
                    help="also score this checkpoint on the same spans (a left-to-right GPT: the prefix only); "
                    "repeatable")
@@ -262,7 +263,7 @@ def _infill(args: argparse.Namespace, sets: list[str], device: torch.device, dty
     """`aogpt eval --infill`: the same cuts for the checkpoint and every --compare (docs/evaluation.md)."""
     from aogpt.checkpoint import load
     from aogpt.evaluation import infill
-    from aogpt.evaluation.infill import make_cuts, score_cuts, summarize
+    from aogpt.evaluation.infill import calibration_cuts, make_cuts, score_cuts, summarize
     from aogpt.families import family_of
 
     if len(sets) != 1:
@@ -304,17 +305,19 @@ def _infill(args: argparse.Namespace, sets: list[str], device: torch.device, dty
     for length in args.span_lengths:
         cuts = make_cuts(ids, length, num_cuts=args.cuts, context=args.infill_context, seed=args.seed,
                          eot_id=loaded.tokenizer.eot_id)
+        calib = calibration_cuts(ids, cuts, args.seed, loaded.tokenizer.eot_id, min(infill.CALIBRATION_CUTS, args.cuts))
         scores = {}
         for label, m in models.items():
             with progress(total=math.ceil(args.cuts / args.batch_size), desc=f"infill {length} {label}") as bar:
                 scores[label] = score_cuts(m.model, cuts, num_orders=args.num_orders, best=args.infill_order,
                                            seed=args.seed, batch_size=args.batch_size, byte_lengths=lengths,
-                                           progress=bar)
+                                           progress=bar, calibration=calib)
         block = summarize(scores)
         print(f"\nspan of {length} tokens:", flush=True)
         for r in block:
             lo, hi = r["bpb_ci95"]
             what = r["what"] + (f" ({r['order']})" if r.get("order") else "")
+            what += " [chosen on other spans]" if r["row"] == "both/best" else ""
             se = f"  (se over K={args.num_orders} orders {r['draws_se']:.4f})" if r.get("draws_se") else ""
             print(f"  {r['model']:<14} {what:<42} {r['bpb']:.3f} [{lo:.3f}, {hi:.3f}]{se}", flush=True)
         for r in block:

@@ -22,7 +22,11 @@ MDM would give an ELBO here). The span can be read
   every step the model scores each still-missing span position given the context and the span
   tokens read so far and reads the best one next. The choice uses only what has been read, never
   the token about to be scored, so the chain is still a normalised distribution and its NLL is
-  exact: the model's own best order, one forward per span token (the whole window recomputed).
+  exact; one forward per span token (the whole window recomputed).
+- ``best``, the model's own order: of left to right and the adaptive order, the one with the lower
+  NLL on `CALIBRATION_CUTS` *other* spans (`choose_order`: cuts drawn with their own seed label),
+  then scored on the evaluation spans. The choice never sees the evaluation spans, so the row is
+  exact, not a minimum over orders picked per span (which would not be a distribution).
 
 Beside it, the span *given the prefix only*: the window cut after the span, read left to right
 (what a GPT sees), for the same model and, via `compare`, for a left-to-right model.
@@ -55,7 +59,8 @@ from aogpt.stats import Estimate, Measurement, difference, mean_interval
 SPAN_LENGTHS = (8, 32, 64)
 CONTEXT = 32  # tokens of prefix and of suffix around every span
 NUM_CUTS = 64
-ROWS = ("both/l2r", "both/random", "both/best", "prefix/l2r")  # what is scored, see `score_cuts`
+ROWS = ("both/l2r", "both/random", "both/adaptive", "both/best", "prefix/l2r")  # what is scored, see `score_cuts`
+CALIBRATION_CUTS = 16  # spans per length on which the model's own order is chosen (`choose_order`)
 
 
 # ------------------------------------------------------------------------------------------- the cuts
@@ -207,7 +212,8 @@ class InfillScores:
     nll: dict[str, list[float]] = field(default_factory=dict)
     random_draws: list[list[float]] = field(default_factory=list)
     bytes: list[int] = field(default_factory=list)
-    best_order: str | None = None
+    best_order: str | None = None  # the order of ``both/best``
+    adaptive_order: str | None = None  # the adaptive order of ``both/adaptive``
     seconds: float = 0.0
 
     def bpb(self, row: str) -> Measurement:
@@ -217,13 +223,33 @@ class InfillScores:
         return Measurement.of(values, "spans", ids=list(range(len(values))))
 
 
+def calibration_cuts(tokens: np.ndarray | torch.Tensor, cuts: Cuts, seed: int = 0, eot_id: int | None = None,
+                     num_cuts: int = CALIBRATION_CUTS) -> Cuts:
+    """The spans on which the model's own order is chosen: like `cuts`, drawn with another seed label."""
+    return make_cuts(tokens, cuts.length, num_cuts=num_cuts, context=cuts.context,
+                     seed=draw_seed(seed, "infill-calibration"), eot_id=eot_id)
+
+
+@torch.inference_mode()
+def choose_order(model: nn.Module, calibration: Cuts, adaptive: str = "confidence", batch_size: int = 16) -> str:
+    """``l2r`` or `adaptive`: the one with the lower total NLL of the calibration spans given both sides."""
+    model = unwrap(model)
+    C, L = calibration.context, calibration.length
+    l2r = sum(float(span_nll(model, w, C, L).sum()) for w in calibration.windows.split(batch_size))
+    chunks = calibration.windows.split(batch_size)
+    ada = sum(float(adaptive_span_nll(model, w, C, L, adaptive)[0].sum()) for w in chunks)
+    return "l2r" if l2r <= ada else adaptive
+
+
 @torch.inference_mode()
 def score_cuts(model: nn.Module, cuts: Cuts, *, num_orders: int = 4, best: str = "confidence", seed: int = 0,
                batch_size: int = 16, byte_lengths: torch.Tensor | np.ndarray | None = None,
-               progress: Any = None) -> InfillScores:
+               progress: Any = None, calibration: Cuts | None = None) -> InfillScores:
     """Every row a model can give on `cuts`: an any-order model all of `ROWS`, a left-to-right one
     ``prefix/l2r`` only. ``both/random`` is the mean over K drawn span orders (per span); the draws'
-    own per-span NLLs are kept in `random_draws`. progress: ``update(n)`` per batch."""
+    own per-span NLLs are kept in `random_draws`. ``both/adaptive`` reads the span in the adaptive
+    order `best`; ``both/best`` is ``both/l2r`` or ``both/adaptive``, whichever `choose_order` picks
+    on `calibration` (without calibration spans: the adaptive order). progress: ``update(n)`` per batch."""
     model = unwrap(model)
     fam = family_of(model)
     if cuts.windows.shape[1] > model.config.block_size:
@@ -237,8 +263,8 @@ def score_cuts(model: nn.Module, cuts: Cuts, *, num_orders: int = 4, best: str =
     t0 = time.perf_counter()
     was_training = model.training
     model.eval()
-    out = InfillScores(cuts.length, {r: [] for r in (ROWS if fam.any_order else ROWS[3:])},
-                       best_order=best if fam.any_order else None)
+    out = InfillScores(cuts.length, {r: [] for r in (ROWS if fam.any_order else ROWS[-1:])},
+                       adaptive_order=best if fam.any_order else None)
     L, C = cuts.length, cuts.context
     gens = [torch.Generator().manual_seed(draw_seed(seed, "infill-orders", L, k)) for k in range(num_orders)]
     draws: list[list[torch.Tensor]] = [[] for _ in range(num_orders)]
@@ -250,12 +276,14 @@ def score_cuts(model: nn.Module, cuts: Cuts, *, num_orders: int = 4, best: str =
                 for k, g in enumerate(gens):
                     orders = torch.rand(chunk.shape[0], L, generator=g).argsort(dim=1)
                     draws[k].append(span_nll(model, chunk, C, L, orders).cpu())
-                out.nll["both/best"] += adaptive_span_nll(model, chunk, C, L, best)[0].tolist()
+                out.nll["both/adaptive"] += adaptive_span_nll(model, chunk, C, L, best)[0].tolist()
             if progress is not None:
                 progress.update(1)
     finally:
         model.train(was_training)
     if fam.any_order:
+        out.best_order = best if calibration is None else choose_order(model, calibration, best, batch_size)
+        out.nll["both/best"] = list(out.nll["both/l2r" if out.best_order == "l2r" else "both/adaptive"])
         per_draw = torch.stack([torch.cat(d) for d in draws])  # (K, N)
         out.random_draws = per_draw.tolist()
         out.nll["both/random"] = per_draw.mean(0).tolist()
@@ -268,7 +296,8 @@ def score_cuts(model: nn.Module, cuts: Cuts, *, num_orders: int = 4, best: str =
 
 
 ROW_NAMES = {"both/l2r": "both sides, span left to right", "both/random": "both sides, span in K random orders",
-             "both/best": "both sides, span in the model's own order", "prefix/l2r": "prefix only, left to right"}
+             "both/adaptive": "both sides, span in an adaptive order", "both/best": "both sides, the model's own order",
+             "prefix/l2r": "prefix only, left to right"}
 
 
 def summarize(scores: dict[str, InfillScores]) -> list[dict[str, Any]]:
@@ -285,6 +314,8 @@ def summarize(scores: dict[str, InfillScores]) -> list[dict[str, Any]]:
                                      "nll_per_token": float(np.mean(s.nll[row])) / s.length}
             if row == "both/best":
                 entry["order"] = s.best_order
+            if row == "both/adaptive":
+                entry["order"] = s.adaptive_order
             if row == "both/random" and len(s.random_draws) > 1:  # Monte-Carlo error over the K draws
                 per = [float(np.sum(d)) / sum(s.bytes) / math.log(2) for d in s.random_draws]
                 entry["draws_se"] = float(np.std(per, ddof=1) / math.sqrt(len(per)))
@@ -312,8 +343,9 @@ def evaluate_infill(model: nn.Module, tokens: np.ndarray | torch.Tensor, *, leng
     rows = []
     for length in lengths:
         cuts = make_cuts(tokens, length, num_cuts=num_cuts, context=context, seed=seed, eot_id=eot_id)
+        calib = calibration_cuts(tokens, cuts, seed, eot_id, min(CALIBRATION_CUTS, num_cuts))
         models = {"model": model, **(compare or {})}
         scores = {lab: score_cuts(m, cuts, num_orders=num_orders, best=best, seed=seed, batch_size=batch_size,
-                                  byte_lengths=byte_lengths) for lab, m in models.items()}
+                                  byte_lengths=byte_lengths, calibration=calib) for lab, m in models.items()}
         rows += summarize(scores)
     return rows
