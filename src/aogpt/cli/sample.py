@@ -219,19 +219,24 @@ def _show_passage(loaded: Any, passage: Any, res: Any, shown: list[str]) -> dict
     """Template, fills, original, and the hidden words' exact bits per byte (given the rest)."""
     import math
 
+    from aogpt.families import family_of
     from aogpt.generation.infill import fill_nll
 
     tok = loaded.tokenizer
     lengths = tok.byte_lengths()
     hidden_bytes = int(sum(int(lengths[t]) for t, h in zip(passage.tokens, passage.hidden, strict=True) if h))
-    nll = float(fill_nll(loaded.model, passage.tokens[None], ~passage.hidden)[0])
-    bpb = nll / hidden_bytes / math.log(2)
+    fam = family_of(loaded.model)
+    bpb = math.nan
+    if fam.causal and fam.one_pass_nll:  # an encoder-only MDM has no exact likelihood of the span
+        nll = float(fill_nll(loaded.model, passage.tokens[None], ~passage.hidden)[0])
+        bpb = nll / hidden_bytes / math.log(2)
     print(f"template:\n{passage.template}")
     for i, text in enumerate(shown):
         print(f"fill {i + 1} of {len(res.tokens)}:\n{text}")
     print(f"original:\n{passage.text}")
-    print(f"hidden words: {int(passage.hidden.sum())} tokens, {hidden_bytes} bytes; the model gives the original "
-          f"{bpb:.3f} bits/byte (exact, given the rest of the passage, read left to right inside each gap)")
+    exact = (f"the model gives the original {bpb:.3f} bits/byte (exact, given the rest of the passage, read left "
+             "to right inside each gap)") if math.isfinite(bpb) else "no exact likelihood for this model"
+    print(f"hidden words: {int(passage.hidden.sum())} tokens, {hidden_bytes} bytes; {exact}")
     return {"passage": {"template": passage.template, "original": passage.text, "hidden_tokens":
                         int(passage.hidden.sum()), "hidden_bytes": hidden_bytes, "original_bpb": bpb}}
 

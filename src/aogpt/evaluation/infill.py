@@ -144,31 +144,6 @@ def span_nll(model: nn.Module, windows: torch.Tensor, context: int, length: int,
 
 
 @torch.inference_mode()
-def span_logprob(model: nn.Module, prefix: Sequence[int], span: Sequence[int], suffix: Sequence[int]) -> float:
-    """Exact log p(span | prefix, suffix) of one request with sides of any lengths: the ids read as
-    prefix, suffix, then the span left to right (one causal pass). The sides are cut to fit the
-    model's context (the prefix on the left, the suffix on the right); a span that does not fit is
-    refused."""
-    model = unwrap(model)
-    fam = family_of(model)
-    if not fam.any_order:
-        raise AOGPTError(f"variant {fam.name} reads left to right only, so it cannot condition on a suffix",
-                         "use an any-order model")
-    room = model.config.block_size - len(span)
-    if not span or room < 0:
-        raise AOGPTError(f"a span of {len(span)} tokens does not fit the model's context of "
-                         f"{model.config.block_size}", "score a non-empty, shorter span")
-    pre = list(prefix)[max(0, len(prefix) - room):]
-    suf = list(suffix)[:room - len(pre)]
-    P, L = len(pre), len(span)
-    device = next(model.parameters()).device
-    idx = torch.tensor([pre + list(span) + suf], dtype=torch.long, device=device)
-    order = torch.cat([torch.arange(P), torch.arange(P + L, P + L + len(suf)), torch.arange(P, P + L)])
-    losses = fam.order_nll(model, idx, order.to(device)[None])
-    return -float(losses[0, P + len(suf):].double().sum())
-
-
-@torch.inference_mode()
 def adaptive_span_nll(model: nn.Module, windows: torch.Tensor, context: int, length: int,
                       policy: str = "confidence") -> tuple[torch.Tensor, torch.Tensor]:
     """Exact -log p(span | prefix, suffix) with the span read in the model's adaptive order (B,), and

@@ -75,13 +75,18 @@ def parse_method(spec: str) -> Method:
 @torch.inference_mode()
 def fill_nll(model: torch.nn.Module, tokens: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
     """Exact -log p(the blanks | the known tokens) per sequence (B,), float64: one causal pass reading
-    the known positions, then the blanks left to right (the sum of the blanks' conditionals)."""
+    the known positions, then the blanks left to right (the sum of the blanks' conditionals). Decoders
+    only (an encoder-only MDM has no one-pass likelihood)."""
     core = unwrap(model)
+    fam = family_of(core)
+    if not (fam.causal and fam.one_pass_nll):
+        raise AOGPTError(f"variant {fam.name} has no one-pass likelihood to score fills with",
+                         "use an order as the infilling method (e.g. l2r), or a decoder")
     idx = tokens.to(next(core.parameters()).device, torch.long)
     known = known.to(idx.device, torch.bool)
     positions = torch.arange(idx.shape[1], device=idx.device)
     order = torch.cat([positions[known], positions[~known]]).expand(idx.shape[0], -1)
-    losses = family_of(core).order_nll(core, idx, order)
+    losses = core(idx, order)[1]  # the decoder's per-step losses in this order
     return losses[:, int(known.sum()):].double().sum(1)
 
 

@@ -34,7 +34,7 @@ from aogpt.checkpoint import load
 from aogpt.data.tokenizer import EOT_TEXT
 from aogpt.errors import AOGPTError
 from aogpt.families import unwrap
-from aogpt.hf.scoring import Score, reading_mode, score_continuations, score_documents
+from aogpt.hf.scoring import Score, reading_mode, score_continuations, score_documents, score_infill
 from aogpt.progress import progress
 from aogpt.seeds import draw_seed
 
@@ -109,17 +109,15 @@ class AOGPTLM(LM):
 
     def loglikelihood_infill(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
         """log p(span | prefix, suffix) for requests whose args are (prefix, span, suffix) strings:
-        exact, the sides read first and the span left to right (`aogpt.evaluation.infill.span_logprob`).
+        exact, the sides read first and the span left to right (`aogpt.hf.scoring.score_infill`).
         Not one of lm-eval's own request types (it asks for continuations only): for tasks and scripts
         that score a gap given both sides. Each piece is encoded on its own."""
-        from aogpt.evaluation.infill import span_logprob
-
         out = []
         with progress(total=len(requests), desc="harness: loglikelihood_infill",
                       disable=disable_tqdm or not self.show_progress) as bar:
             for req in requests:
                 prefix, span, suffix = (list(self.tokenizer.encode(t)) if t else [] for t in req.args)
-                out.append(span_logprob(self.model, prefix, span, suffix))
+                out.append(score_infill(self.model, prefix, span, suffix))
                 bar.update(1)
         return out
 
