@@ -13,6 +13,7 @@
 #   QUICKSTART_RUN         run directory (default runs/quickstart-<time>)
 #   QUICKSTART_SEED        seed of training and sampling (default 1337)
 #   QUICKSTART_SAMPLES     samples of each kind (default 8; the first 2 are shown, their words checked)
+#   QUICKSTART_PASSAGE     the infilling passage, hidden words [[like this]] (default: Hamlet, 117 bpe:512 tokens)
 #   QUICKSTART_TRAIN_FLAGS extra flags for `aogpt train` (e.g. "--max-steps 300")
 #   QUICKSTART_BENCH_FLAGS flags of the speed table (`aogpt bench generate`)
 #   QUICKSTART_PYTHON      use this Python (with aogpt importable) instead of installing .venv
@@ -83,15 +84,15 @@ echo "-- random order: the same model reveals positions in a random order, each 
 echo "   tokens revealed so far, wherever they are (any-order generation, with the KV cache) --"
 aogpt sample --checkpoint "$RUN" --order random "${SAMPLING[@]}"
 echo
-echo "-- infilling: the given text is kept; each [MASK:k] is k tokens, filled one at a time in a random order --"
-INFILL="HAMLET:
-To be, or not to be, [MASK:12]
-[MASK:16]
-OPHELIA:
-[MASK:10]"
-echo "template: $INFILL"
-echo "filled:"
-aogpt sample --checkpoint "$RUN" --infill "$INFILL" "${SAMPLING[@]}"
+echo "-- infilling: a held-out passage (Hamlet is not trained on) with five spans of 5-10 tokens hidden inside its"
+echo "   lines; each fill sees the text on both sides and is drawn left to right inside its gap --"
+PASSAGE=${QUICKSTART_PASSAGE:-"HAMLET:
+To be, or not to be:[[ that is the question]]:
+Whether 'tis nobler in the mind[[ to suffer]]
+The slings and arrows of[[ outrageous fortune]],
+Or[[ to take arms]] against a sea of troubles,
+And by[[ opposing end them]]? To die: to sleep;"}
+aogpt sample --checkpoint "$RUN" --infill "$PASSAGE" "${SAMPLING[@]}"
 
 step "5/5 speed: AO-GPT with its KV cache against an encoder-only masked diffusion model and a left-to-right GPT"
 aogpt bench generate "${BENCH_FLAGS[@]}" --out "$RUN/bench" --no-progress

@@ -31,6 +31,7 @@ def test_quickstart_end_to_end_tells_the_truth(tmp_path, make_corpus):
         "QUICKSTART_RUN": str(tmp_path / "run"),
         "QUICKSTART_TRAIN_FLAGS": "--max-steps 100000 --block-size 96",
         "QUICKSTART_BENCH_FLAGS": "--quick --methods aogpt,encoder,gpt",
+        "QUICKSTART_PASSAGE": "HAMLET:\nTo be, or not to be:[[ that is the]] question:",  # fits 96 bytes
     }
     done = subprocess.run(["bash", str(ROOT / "scripts" / "quickstart.sh")], env=env, capture_output=True, text=True,
                           timeout=600)
@@ -52,12 +53,16 @@ def test_quickstart_end_to_end_tells_the_truth(tmp_path, make_corpus):
     # three samples, each labelled with how it was made
     for label in ("-- left to right:", "-- random order:", "-- infilling:"):
         assert any(line.startswith(label) for line in lines), label
-    assert "To be, or not to be, " in out and "order l2r" in out and "order random" in out
+    assert "original:\nHAMLET:\nTo be, or not to be: that is the question:" in out
+    assert "order l2r" in out and "order random" in out and "infilling: left to right inside each gap" in out
     assert out.count("(count, linear)") == 3  # one token per step: each sample follows the model's own law
     # 8 samples of each kind, 2 shown, and the share of their words found in the training text
-    assert out.count("--- sample 1 of 8 ---") == 3 and out.count("--- sample 3 of 8 ---") == 0
+    assert out.count("--- sample 1 of 8 ---") == 2 and out.count("--- sample 3 of 8 ---") == 0
+    assert out.count("fill 1 of 8:") == 1 and out.count("fill 3 of 8:") == 0
     assert sum(line.startswith("words in all 8 samples: ") and "occur in the training text" in line
-               for line in lines) == 3
+               for line in lines) == 2
+    assert any(line.startswith("words in the filled words of all 8 samples: ") for line in lines)
+    assert any(line.startswith("hidden words: ") and "bits/byte (exact" in line for line in lines)
     # the speed table in users' words, and the closing line
     assert "# Generation speed" in out and "What this run shows:" in out and "issue" not in out.lower()
     closing = done.stdout.splitlines()[-1]

@@ -8,6 +8,7 @@ The public API, imported on first use (so ``import aogpt`` stays light):
     aogpt.generate(model, ...), aogpt.infill(model, tmpl, ...) sampling, with GenerationSettings
     aogpt.evaluate(model, data, order=...)                     exact NLLs, any-order bounds, ensembles
     aogpt.conditional_logprobs(model, x, context, targets)     log p(x_t | a context read in this order)
+    aogpt.evaluate_infill(model, tokens, ...)                  exact span likelihoods given both sides
     aogpt.family_of(model)                                     what a model is and can do
     aogpt.make_order_sampler(spec)                             the order vocabulary
 
@@ -37,6 +38,7 @@ _EXPORTS = {
     "SamplingConfig": "aogpt.sampling",
     "evaluate": "aogpt.evaluation.evaluate",
     "conditional_logprobs": "aogpt.evaluation.evaluate",
+    "evaluate_infill": "aogpt.evaluation.infill",
     "family_of": "aogpt.families",
     "make_order_sampler": "aogpt.orders",
     "AOGPTError": "aogpt.errors",

@@ -161,3 +161,50 @@ def test_nothing_to_do_and_help(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["eval", "--help"])
     assert exc.value.code == 0 and "--num-orders" in capsys.readouterr().out
+
+
+def test_infill_json_matches_the_library_on_the_same_cuts(ckpts: dict, capsys: pytest.CaptureFixture) -> None:
+    from aogpt.evaluation.infill import make_cuts, span_nll
+
+    rc, out, _ = run(capsys, "--checkpoint", str(ckpts["aogpt"]), "--data", str(ckpts["text"]), "--infill",
+                     "--span-lengths", "2,4", "--cuts", "5", "--infill-context", "3", "-K", "2",
+                     "--compare", str(ckpts["gpt"]), "--json")
+    assert rc == 0 and "span of 4 tokens" in out and "gap: gpt prefix only" in out
+    s = summary(out)
+    assert {(r["model"], r["length"]) for r in s["infill"]} == {(m, n) for m in ("aogpt", "gpt") for n in (2, 4)}
+    ids = [*TEXT.encode("utf-8"), 256]  # the file is one example: its bytes, then the end of text
+    cuts = make_cuts(ids, 4, num_cuts=5, context=3, seed=s["seed"], eot_id=256)
+    gpt = load(ckpts["gpt"]).model
+    want = span_nll(gpt, cuts.windows, 3, 4, sides="prefix") / 4 / math.log(2)  # ASCII: one byte per token
+    got = next(r for r in s["infill"] if r["model"] == "gpt" and r["length"] == 4)
+    assert got["bpb"] == pytest.approx(float(want.mean()), abs=1e-5) and got["spans"] == 5
+
+
+@pytest.mark.parametrize("extra, what", [
+    (["--span-lengths", "0"], "argument --span-lengths"),
+    (["--span-lengths", "12", "--infill-context", "4"], "exceed the context"),
+    (["--cuts", "100000", "--span-lengths", "2", "--infill-context", "3"], "inside one document"),
+    (["--variant-gpt", "--span-lengths", "2", "--infill-context", "3"], "cannot read a suffix"),
+    (["--data", "lambada", "--span-lengths", "2", "--infill-context", "3"], "prepared data directory or a text"),
+    (["--infill-order", "best"], "argument --infill-order"),
+])
+def test_bad_infill_requests_are_one_line_errors(ckpts: dict, capsys: pytest.CaptureFixture, extra: list,
+                                                 what: str) -> None:
+    variant = "gpt" if "--variant-gpt" in extra else "aogpt"
+    extra = [e for e in extra if e != "--variant-gpt"]
+    data = [] if "--data" in extra else ["--data", str(ckpts["text"])]
+    rc, out, err = run(capsys, "--checkpoint", str(ckpts[variant]), "--infill", *data, *extra)
+    assert rc == 2 and err.startswith("error: ") and what in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    rc, _, err = run(capsys, "--checkpoint", str(ckpts["aogpt"]), "--data", str(ckpts["text"]), "--compare", "x")
+    assert rc == 2 and "--compare is for infilling" in err
+
+
+def test_infill_help_states_the_library_defaults(capsys: pytest.CaptureFixture) -> None:
+    from aogpt.evaluation.infill import CONTEXT, NUM_CUTS, SPAN_LENGTHS
+
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"(default {','.join(map(str, SPAN_LENGTHS))})" in text and f"(default {NUM_CUTS})" in text
+    assert f"each span (default {CONTEXT})" in text

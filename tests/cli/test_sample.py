@@ -163,3 +163,43 @@ def test_word_check_counts_the_samples_words_found_in_the_training_text(cli, run
     assert res.json["words"] == want.total and res.json["word_share"] == pytest.approx(want.share, nan_ok=True)
     assert f"words in all 4 samples: {want.describe()}" in res.out
     assert res.out.count("--- sample") == 1 and "--- sample 1 of 4 ---" in res.out
+
+
+def test_passage_infill_uses_the_default_method_and_checks_the_filled_words(cli, runs, bytes_data):
+    """A passage with [[hidden words]]: template, fills, original and the original's exact bits per byte;
+    the default method is announced; --word-check counts only the filled words."""
+    import math
+
+    from aogpt.data import PreparedData
+    from aogpt.generation.infill import DEFAULT_METHOD, fill, fill_nll, filled_words, parse_passage
+    from aogpt.measures import vocabulary
+
+    passage = "To be, or [[not to]] be, that is [[the question]]."
+    res = cli("sample", "--checkpoint", runs["aogpt"], "--infill", passage, "-n", "2", "--seed", "4",
+              "--word-check", bytes_data, "--json", "--no-progress", "--dtype", "float32", "--device", "cpu")
+    assert res.code == 0, res.err
+    assert "infilling: left to right inside each gap (the default for --infill" in res.err
+    assert "template:\nTo be, or [MASK:6] be, that is [MASK:12]." in res.out
+    assert "original:\nTo be, or not to be, that is the question." in res.out
+    loaded = aogpt.load(runs["aogpt"])
+    p = parse_passage(passage, loaded.tokenizer)
+    want = fill(loaded.model, p.slots, method=DEFAULT_METHOD, num_samples=2, seed=4, tokenizer=loaded.tokenizer)
+    assert res.json["tokens"] == want.tokens.tolist()
+    bpb = float(fill_nll(loaded.model, p.tokens[None], ~p.hidden)[0]) / 18 / math.log(2)
+    assert res.json["passage"]["original_bpb"] == pytest.approx(bpb, rel=1e-6)
+    data = PreparedData(bytes_data)
+    vocab = vocabulary(data.tokenizer.decode(data.split("train").tolist()))
+    found = [w for row in want.tokens for w in filled_words(loaded.tokenizer, row, want.known)]
+    assert res.json["words"] == len(found) and "words in the filled words of all 2 samples" in res.out
+    share = sum(w in vocab for w in found) / len(found) if found else math.nan
+    assert res.json["word_share"] == pytest.approx(share, nan_ok=True)
+    helptext = " ".join(cli("sample", "--help").out.split())
+    assert f"{DEFAULT_METHOD} (left to right inside each gap; the default" in helptext
+    res = cli("sample", "--checkpoint", runs["aogpt"], "--infill", passage, "-n", "2", "--seed", "4", "--json",
+              "--no-progress", "--dtype", "float32", "--device", "cpu", "--infill-method", "best-of:3")
+    assert res.code == 0 and "infilling: best of 3 drafts" in res.err and "the default" not in res.err
+    assert len(res.json["settings"]["draft_nll"]) == 2
+    bad = cli("sample", "--checkpoint", runs["aogpt"], "--infill", "a [[b]] [MASK]", "--no-progress")
+    assert bad.code == 2 and "mixes" in bad.err and len(bad.err.strip().splitlines()) == 1
+    bad = cli("sample", "--checkpoint", runs["aogpt"], "--infill", "a [MASK]", "--infill-method", "best-of:x")
+    assert bad.code == 2 and "unknown infilling method" in bad.err

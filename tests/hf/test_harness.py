@@ -126,3 +126,21 @@ def test_model_arguments_are_checked(tiny_run: Path) -> None:
     with pytest.raises(AOGPTError, match="not supported by aogpt"):
         lm.continue_text("The king", {"until": ["."], "num_beams": 4})
     assert lm.max_length == 32 and lm.tokenizer_name == "bytes"
+
+
+def test_infill_requests_are_exact_span_likelihoods_given_both_sides(tiny_run: Path) -> None:
+    """loglikelihood_infill: log p(span | prefix, suffix), checked against a token-by-token chain of
+    separately computed conditionals (prefix, suffix read first; the span left to right)."""
+    from types import SimpleNamespace
+
+    from tests.helpers import prefix_conditional
+
+    lm = AOGPTLM(str(tiny_run), show_progress=False)
+    got = lm.loglikelihood_infill([SimpleNamespace(args=("To be, or ", "not to", " be"))])
+    enc = lm.tokenizer.encode
+    pre, span, suf = enc("To be, or "), enc("not to"), enc(" be")
+    x = torch.tensor([pre + span + suf])
+    P, L = len(pre), len(span)
+    order = [*range(P), *range(P + L, x.shape[1]), *range(P, P + L)]
+    want = -sum(prefix_conditional(lm.model.double(), x, order, i) for i in range(P + len(suf), x.shape[1]))
+    assert got[0] == pytest.approx(want, abs=1e-4)

@@ -127,3 +127,46 @@ def test_ema_decays_are_scaled_to_the_run():
     assert ema_decay("0.9999", 50_000) == pytest.approx(0.9999)  # the reference length keeps the paper's decay
     assert ema_decay("0.9999", 960) == pytest.approx(1 - 1 / (10_000 * 960 / 50_000))
     assert ema_decay("0.99", 200) == 0.0  # a horizon under one step: no averaging at all
+
+
+def test_recipe_findings_run_three_seeds_and_the_others_one(tmp_path):
+    """The default plan: every run of a training-recipe finding at 3 seeds, runs only the other findings
+    need at the first seed; each finding (and analysis) sees exactly its own seeds."""
+    from aogpt.reproduce.findings import FINDINGS, RECIPE
+    from aogpt.reproduce.scale import DEFAULT
+
+    seeds = tuple(range(7, 7 + DEFAULT.seeds))
+    plan = make_plan(tmp_path, DEFAULT, seeds, tuple(FINDINGS), 320, recipe_only=True)
+    recipe_runs = {k for f in RECIPE for k in FINDINGS[f].runs}
+    other_runs = {k for f in FINDINGS for k in FINDINGS[f].runs} - recipe_runs
+    by_key: dict[str, list[int]] = {}
+    for r in plan.runs:
+        by_key.setdefault(r.spec.key, []).append(r.seed)
+    assert {k: v for k, v in by_key.items() if k in recipe_runs} == {k: list(seeds) for k in recipe_runs}
+    assert {k: v for k, v in by_key.items() if k in other_runs} == {k: [7] for k in other_runs}
+    assert len(plan.runs) == 3 * len(recipe_runs) + len(other_runs)
+    for f in FINDINGS:
+        sub = plan.for_finding(f)
+        assert sub.seeds == (seeds if f in RECIPE else (7,))
+        for key in FINDINGS[f].runs:  # every run a finding pairs over exists at each of its seeds
+            assert all(sub.run(key, s) for s in sub.seeds)
+    assert plan.for_analysis("ensemble").seeds == (7,) and plan.for_analysis("genppl").seeds == (7,)
+    every = make_plan(tmp_path, DEFAULT, seeds, tuple(FINDINGS), 320)  # --seeds N: every finding at N seeds
+    assert len(every.runs) == 3 * len(recipe_runs | other_runs) and every.for_finding("f6").seeds == seeds
+
+
+def test_the_report_says_which_verdicts_rest_on_one_seed():
+    from aogpt.reproduce.markdown import to_markdown
+
+    check = {"claim": "A below B", "rule": "lower", "margin": 0.0, "a": {"label": "A", "mean": 1.0},
+             "b": {"label": "B", "mean": 2.0}, "estimate": {"value": 1.0, "low": 0.5, "high": 1.5, "n": 3,
+                                                            "units": "seeds"}, "verdict": "reproduced"}
+    finding = {"key": "f1", "title": "F1", "claim": "c", "verdict": "reproduced", "checks": [check]}
+    report = {"scale": {"name": "default", "description": "d"}, "seeds": [1, 2, 3], "wall_seconds": 1.0,
+              "machine": {"device": "cpu", "threads": 1, "cpus": 2, "torch": "x", "load_average": None},
+              "rule": "r", "notes": [], "findings": [{**finding, "seeds": [1, 2, 3]},
+                                                     {**finding, "key": "f2", "seeds": [1]}]}
+    text = to_markdown(report)
+    assert "*3 seeds (1, 2, 3):* intervals over seeds." in text
+    assert "*One seed (1):* this verdict rests on one training run per model" in text
+    assert "| reproduced | 1 reproduced | 3 seeds |" in text and "| reproduced | 1 reproduced | one seed |" in text

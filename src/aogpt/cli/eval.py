@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from aogpt.cli.common import add_common, config_arg, emit_json, int_arg, path_arg, positive_int, progress
@@ -17,6 +18,7 @@ from aogpt.config import ModelConfig
 from aogpt.device import PRECISION_NAMES, auto_precision, resolve_device, resolve_dtype
 from aogpt.errors import AOGPTError
 from aogpt.generation.settings import DecodePlan
+from aogpt.orders import ADAPTIVE
 from aogpt.sampling import SamplingConfig
 
 LENGTH = config_arg(ModelConfig, "block_size")  # tokens per block or sample: a model context
@@ -55,6 +57,22 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--dtype", choices=("float32", "float64", "bfloat16", "auto"), default="float32",
                    help="model weights' dtype for evaluation (default float32; auto: bfloat16 where the "
                    "hardware has bf16 units, as training's default)")
+    f = p.add_argument_group("infilling (docs/evaluation.md, \"Infilling\")")
+    f.add_argument("--infill", action="store_true",
+                   help="score held-out spans exactly given the text on both sides (and given the prefix only), "
+                   "in bits per byte of the span; --data must be a prepared data directory or a text file")
+    f.add_argument("--span-lengths", metavar="L,L,...", type=_lengths, default=None,
+                   help="span lengths in tokens (default 8,32,64)")
+    f.add_argument("--cuts", type=int_arg(ge=1, le=100_000), default=None, metavar="N",
+                   help="spans per length, drawn with --seed (default 64)")
+    f.add_argument("--infill-context", type=int_arg(ge=0, le=100_000), default=None, metavar="C",
+                   help="tokens of prefix and of suffix around each span (default 32)")
+    f.add_argument("--infill-order", choices=ADAPTIVE, default="confidence",
+                   help="the adaptive span order, chosen step by step and scored exactly (default confidence); the "
+                   "model's own order is it or left to right, whichever is likelier on 16 other spans")
+    f.add_argument("--compare", metavar="RUN", action="append", default=[], type=path_arg,
+                   help="also score this checkpoint on the same spans (a left-to-right GPT: the prefix only); "
+                   "repeatable")
     g = p.add_argument_group("generation perplexity")
     g.add_argument("--genppl", metavar="FILE", type=path_arg, default=None,
                    help="score samples from FILE (.jsonl, .json or one per line)")
@@ -71,6 +89,17 @@ def add_parser(subparsers: Any) -> None:
                    help="nucleus sampling threshold (default 1.0)")
     add_common(p)
     p.set_defaults(func=run)
+
+
+def _lengths(text: str) -> tuple[int, ...]:
+    """--span-lengths: comma-separated positive integers."""
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1 or max(values) > 100_000:
+        raise argparse.ArgumentTypeError(f"must be comma-separated token counts in 1..100000, got {text!r}")
+    return values
 
 
 def _same_tokenizer(loaded: Any, prepared: Any) -> None:
@@ -210,6 +239,104 @@ def _genppl(loaded: Any, args: argparse.Namespace, device: torch.device, dtype: 
     return out
 
 
+def _held_out(spec: str, loaded: Any) -> tuple[np.ndarray, dict]:
+    """The held-out token stream of a prepared directory (its val split) or a text file."""
+    path = Path(spec).expanduser()
+    if path.is_dir() and (path / "meta.json").is_file():
+        from aogpt.data import PreparedData
+
+        prepared = PreparedData(path)
+        _same_tokenizer(loaded, prepared)
+        ids = np.concatenate([np.asarray(s, dtype=np.int64) for s in prepared.shards("val")])
+        return ids, {"source": str(path), "split": "val", "tokenizer": prepared.meta.get("tokenizer")}
+    if path.is_file() and loaded.tokenizer is not None:
+        from aogpt.data import zeroshot
+
+        texts = zeroshot.file_examples(path)
+        ids = np.concatenate([[*t, loaded.tokenizer.eot_id] for t in loaded.tokenizer.encode_batch(texts)])
+        return ids.astype(np.int64), {"source": str(path), "split": "all", "examples": len(texts)}
+    raise AOGPTError(f"--infill reads a prepared data directory or a text file, got {spec!r}",
+                     "pass --data DIR (from aogpt prepare) or --data FILE.txt")
+
+
+def _infill(args: argparse.Namespace, sets: list[str], device: torch.device, dtype: torch.dtype) -> int:
+    """`aogpt eval --infill`: the same cuts for the checkpoint and every --compare (docs/evaluation.md)."""
+    from aogpt.checkpoint import load
+    from aogpt.evaluation import infill
+    from aogpt.evaluation.infill import calibration_cuts, make_cuts, score_cuts, summarize
+    from aogpt.families import family_of
+
+    if len(sets) != 1:
+        raise AOGPTError(f"--infill scores one data set, got {len(sets)}", "pass exactly one --data")
+    if not args.checkpoint:
+        raise AOGPTError("no checkpoint given", "pass --checkpoint RUN")
+    if args.genppl is not None or args.genppl_samples is not None:
+        raise AOGPTError("--infill and generation perplexity both asked", "run them separately")
+    args.span_lengths = args.span_lengths or infill.SPAN_LENGTHS  # the library's defaults, imported only here
+    args.cuts = args.cuts or infill.NUM_CUTS
+    args.infill_context = infill.CONTEXT if args.infill_context is None else args.infill_context
+    loaded = load(args.checkpoint, weights=args.weights, device=device, dtype=dtype)
+    if not family_of(loaded.model).any_order:
+        raise AOGPTError(f"--checkpoint is a {loaded.config.variant}, which cannot read a suffix",
+                         "pass the any-order model as --checkpoint and the left-to-right one as --compare")
+    others = [load(c, weights=args.weights, device=device, dtype=dtype) for c in args.compare]
+    models: dict[str, Any] = {}
+    for m in [loaded, *others]:
+        label = m.config.variant if m.config.variant not in models else f"{m.config.variant} ({m.path.name})"
+        if m is not loaded and m.meta.get("tokenizer") != loaded.meta.get("tokenizer"):
+            raise AOGPTError(f"{m.path} uses tokenizer {m.meta.get('tokenizer')}, the checkpoint "
+                             f"{loaded.meta.get('tokenizer')}", "compare models of the same tokenizer")
+        models[label] = m
+    ids, info = _held_out(sets[0], loaded)
+    if loaded.tokenizer is None:
+        raise AOGPTError(f"{loaded.path} records no tokenizer, so spans have no bytes",
+                         "re-import it with `aogpt convert --tokenizer SPEC`")
+    lengths = loaded.tokenizer.byte_lengths()
+    widest = 2 * args.infill_context + max(args.span_lengths)
+    for m in models.values():
+        if widest > m.config.block_size:
+            raise AOGPTError(f"windows of {widest} tokens ({args.infill_context} + span + {args.infill_context}) "
+                             f"exceed the context of {m.path} ({m.config.block_size})",
+                             "use shorter --span-lengths or a smaller --infill-context")
+    rows: list[dict] = []
+    print(f"infill: {args.cuts} spans per length from {info['source']} (seed {args.seed}), "
+          f"{args.infill_context} tokens of context each side; bits per byte of the span, 95% CI over spans",
+          flush=True)
+    for length in args.span_lengths:
+        cuts = make_cuts(ids, length, num_cuts=args.cuts, context=args.infill_context, seed=args.seed,
+                         eot_id=loaded.tokenizer.eot_id)
+        calib = calibration_cuts(ids, cuts, args.seed, loaded.tokenizer.eot_id, min(infill.CALIBRATION_CUTS, args.cuts))
+        scores = {}
+        for label, m in models.items():
+            with progress(total=math.ceil(args.cuts / args.batch_size), desc=f"infill {length} {label}") as bar:
+                scores[label] = score_cuts(m.model, cuts, num_orders=args.num_orders, best=args.infill_order,
+                                           seed=args.seed, batch_size=args.batch_size, byte_lengths=lengths,
+                                           progress=bar, calibration=calib)
+        block = summarize(scores)
+        print(f"\nspan of {length} tokens:", flush=True)
+        for r in block:
+            lo, hi = r["bpb_ci95"]
+            what = r["what"] + (f" ({r['order']})" if r.get("order") else "")
+            what += " [chosen on other spans]" if r["row"] == "both/best" else ""
+            se = f"  (se over K={args.num_orders} orders {r['draws_se']:.4f})" if r.get("draws_se") else ""
+            print(f"  {r['model']:<14} {what:<42} {r['bpb']:.3f} [{lo:.3f}, {hi:.3f}]{se}", flush=True)
+        for r in block:
+            if "gap_vs_both" in r:
+                g = r["gap_vs_both"]
+                print(f"  gap: {g['what']}: {g['bpb']:+.3f} [{g['ci95'][0]:+.3f}, {g['ci95'][1]:+.3f}] bits/byte",
+                      flush=True)
+        rows += block
+    if args.json:
+        emit_json({"command": "eval", "infill": rows, "seed": args.seed, "data": info,
+                   "cuts": {"per_length": args.cuts, "context": args.infill_context,
+                            "lengths": list(args.span_lengths), "rule": "uniform window starts without an EOT"},
+                   "num_orders": args.num_orders, "best_order": args.infill_order,
+                   "models": {lab: {"checkpoint": str(m.path), "step": m.step, "variant": m.config.variant}
+                              for lab, m in models.items()}, "precision": args.precision})
+    sys.stdout.flush()
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from aogpt.data import zeroshot
 
@@ -220,6 +347,10 @@ def run(args: argparse.Namespace) -> int:
     wants_genppl = args.genppl is not None or args.genppl_samples is not None
     if args.genppl is not None and args.genppl_samples is not None:
         raise AOGPTError("--genppl and --genppl-samples both given", "score a file or generate, not both")
+    if args.infill:
+        return _infill(args, sets, device, dtype)
+    if args.compare:
+        raise AOGPTError("--compare is for infilling", "add --infill, or use `aogpt compare` for two runs")
     if not sets and not wants_genppl:
         raise AOGPTError("nothing to evaluate", "pass --data SPEC, --suite NAMES, --genppl FILE or --genppl-samples N")
     loaded = None

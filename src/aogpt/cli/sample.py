@@ -34,9 +34,15 @@ def add_parser(subparsers: Any) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--prompt", default=None, help="text to continue (a prefix, kept as is)")
     g.add_argument("--infill", metavar="TEMPLATE", default=None,
-                   help="text with blanks: [MASK] is one token, [MASK:k] k tokens; the rest is never changed")
+                   help="text with blanks: [MASK] is one token, [MASK:k] k tokens; the rest is never changed. Or a "
+                   "passage with hidden words [[like this]]: prints the fill beside the original and the hidden "
+                   "words' exact bits per byte")
     g.add_argument("--known", metavar="POS=ID,...", default=None,
                    help="explicit known tokens as position=token-id pairs (needs --length); the rest is generated")
+    p.add_argument("--infill-method", metavar="METHOD", default=None,
+                   help="how blanks are filled, one token per step: l2r (left to right inside each gap; the default "
+                   "when --order is not given), random, confidence, margin, entropy, or best-of:D[:ORDER] (D "
+                   "drafts, the most likely kept)")
     p.add_argument("--policy", choices=("bernoulli", "count"), default=None,
                    help="bernoulli: Lemma 4.1, each masked position revealed with prob. (t-s)/t (default for "
                    "any-order models); count: a fixed number per step (the reference code's rule; gpt)")
@@ -173,6 +179,68 @@ class _LazyBar:
             self.bar.close()
 
 
+def _passage(args: argparse.Namespace, tokenizer: Any) -> Any:
+    """A --infill passage with [[hidden words]] (None for an ordinary template)."""
+    from aogpt.generation.infill import HIDDEN, parse_passage
+
+    if args.infill is None or not HIDDEN.search(args.infill):
+        return None
+    if "[MASK" in args.infill:
+        raise AOGPTError("the passage mixes [[hidden words]] and [MASK] blanks", "use one kind of blank")
+    return parse_passage(args.infill, tokenizer)
+
+
+def _infill_method(args: argparse.Namespace, template: Any) -> str | None:
+    """The infilling method (`aogpt.generation.infill`): given, or the default when the order is not."""
+    if args.infill_method is not None:
+        if template is None:
+            raise AOGPTError("--infill-method fills blanks, but there are none", "add --infill TEMPLATE")
+        if args.order is not None or args.speculative is not None:
+            raise AOGPTError("--infill-method sets the order", "drop --order/--speculative, or --infill-method")
+        from aogpt.generation.infill import parse_method
+
+        parse_method(args.infill_method)  # refused before the model loads
+        return args.infill_method
+    if template is None or args.order is not None or args.speculative is not None or args.steps is not None \
+            or args.policy == "bernoulli":
+        return None
+    from aogpt.generation.infill import DEFAULT_METHOD
+
+    return DEFAULT_METHOD
+
+
+def _without_order(settings: GenerationSettings) -> GenerationSettings:
+    import dataclasses
+
+    return dataclasses.replace(settings, plan=dataclasses.replace(settings.plan, order=None))
+
+
+def _show_passage(loaded: Any, passage: Any, res: Any, shown: list[str]) -> dict[str, Any]:
+    """Template, fills, original, and the hidden words' exact bits per byte (given the rest)."""
+    import math
+
+    from aogpt.families import family_of
+    from aogpt.generation.infill import fill_nll
+
+    tok = loaded.tokenizer
+    lengths = tok.byte_lengths()
+    hidden_bytes = int(sum(int(lengths[t]) for t, h in zip(passage.tokens, passage.hidden, strict=True) if h))
+    fam = family_of(loaded.model)
+    bpb = math.nan
+    if fam.causal and fam.one_pass_nll:  # an encoder-only MDM has no exact likelihood of the span
+        nll = float(fill_nll(loaded.model, passage.tokens[None], ~passage.hidden)[0])
+        bpb = nll / hidden_bytes / math.log(2)
+    print(f"template:\n{passage.template}")
+    for i, text in enumerate(shown):
+        print(f"fill {i + 1} of {len(res.tokens)}:\n{text}")
+    print(f"original:\n{passage.text}")
+    exact = (f"the model gives the original {bpb:.3f} bits/byte (exact, given the rest of the passage, read left "
+             "to right inside each gap)") if math.isfinite(bpb) else "no exact likelihood for this model"
+    print(f"hidden words: {int(passage.hidden.sum())} tokens, {hidden_bytes} bytes; {exact}")
+    return {"passage": {"template": passage.template, "original": passage.text, "hidden_tokens":
+                        int(passage.hidden.sum()), "hidden_bytes": hidden_bytes, "original_bpb": bpb}}
+
+
 def settings_from_args(args: argparse.Namespace) -> GenerationSettings:
     """The flags as one `GenerationSettings` (the object the Python API and the benchmarks use)."""
     sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, greedy=args.greedy,
@@ -196,11 +264,25 @@ def run(args: argparse.Namespace) -> int:
     kwargs: dict[str, Any] = dict(settings=settings, num_samples=args.num_samples, seed=args.seed,
                                   tokenizer=loaded.tokenizer)
     template = args.infill if args.infill is not None else _known(args.known, args.length) if args.known else None
+    passage = _passage(args, loaded.tokenizer)
+    method = _infill_method(args, template)
+    if method is not None and args.infill_method is None:
+        from aogpt.families import family_of
+
+        method = method if family_of(loaded.model).any_order else None  # a GPT fills left to right only
+    if passage is not None:
+        template = passage.slots
     n_out = args.length or loaded.config.block_size
     bar = _LazyBar(args.no_progress)
     kwargs["progress"] = bar
     try:
-        if template is not None:
+        if method is not None:
+            from aogpt.generation.infill import fill
+
+            del kwargs["settings"]
+            res = fill(loaded.model, template, method=method, length=args.length, settings=_without_order(settings),
+                       **kwargs)
+        elif template is not None:
             res = infill(loaded.model, template, length=args.length, **kwargs)
         else:
             res = generate(loaded.model, prompt=args.prompt or None, length=n_out, **kwargs)
@@ -214,23 +296,37 @@ def run(args: argparse.Namespace) -> int:
         rates = ", ".join(f"{j}: {a:.2f}" for j, a in t["acceptance_by_position"].items()) or "none verified"
         print(f"speculative decoding: {t['tokens_per_forward']:.2f} tokens per forward pass per sequence; "
               f"acceptance by draft position {rates}", file=sys.stderr)
+    if method is not None:
+        print(f"infilling: {res.settings['order']}" + (" (the default for --infill: docs/generation.md; "
+              "--infill-method or --order picks another)" if args.infill_method is None else ""), file=sys.stderr)
     texts = res.texts or []
     shown = texts if args.show is None else texts[:args.show]
-    for i, text in enumerate(shown):
-        if len(texts) > 1:
-            print(f"--- sample {i + 1} of {len(texts)} ---")
-        print(text)
+    extra: dict[str, Any] = {}
+    if passage is not None:
+        extra = _show_passage(loaded, passage, res, shown)
+    else:
+        for i, text in enumerate(shown):
+            if len(texts) > 1:
+                print(f"--- sample {i + 1} of {len(texts)} ---")
+            print(text)
     share = None
     if known_words is not None:
-        from aogpt.measures import word_share
+        from aogpt.measures import WordShare, word_share
 
-        share = word_share(texts, known_words)
-        which = "the sample" if len(texts) == 1 else f"all {len(texts)} samples"
+        if template is not None:  # an infill: only the words that touch a filled token
+            from aogpt.generation.infill import filled_words
+
+            found = [w for row in res.tokens for w in filled_words(loaded.tokenizer, row, res.known)]
+            share = WordShare(sum(w in known_words for w in found), len(found))
+            which = "the filled words" + ("" if len(texts) == 1 else f" of all {len(texts)} samples")
+        else:
+            share = word_share(texts, known_words)
+            which = "the sample" if len(texts) == 1 else f"all {len(texts)} samples"
         print(f"words in {which}: {share.describe()}")
     if args.json:
         emit_json({"command": "sample", "checkpoint": str(loaded.path), "step": loaded.step,
                    "weights": args.weights,
                    "precision": PRECISION_NAMES[dtype], "samples": res.texts, "tokens": res.tokens.tolist(),
-                   "timing": res.timing, "settings": res.settings,
+                   "timing": res.timing, "settings": res.settings, **extra,
                    **({"word_share": share.share, "words": share.total} if share is not None else {})})
     return 0

@@ -11,4 +11,6 @@
     speculative.py   exact self-speculative decoding (several tokens per forward pass)
     adaptive.py      adaptive orders (confidence, margin, entropy): the model picks where to reveal
     encoder.py       the encoder-only MDM's reverse process, in a fixed or an adaptive order
+    infill.py        infilling methods (an order, or the best of D drafts scored exactly), passages with
+                     [[hidden words]], the filled words a word check counts
 """

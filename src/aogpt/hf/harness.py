@@ -34,7 +34,7 @@ from aogpt.checkpoint import load
 from aogpt.data.tokenizer import EOT_TEXT
 from aogpt.errors import AOGPTError
 from aogpt.families import unwrap
-from aogpt.hf.scoring import Score, reading_mode, score_continuations, score_documents
+from aogpt.hf.scoring import Score, reading_mode, score_continuations, score_documents, score_infill
 from aogpt.progress import progress
 from aogpt.seeds import draw_seed
 
@@ -106,6 +106,20 @@ class AOGPTLM(LM):
         for req, s in zip(requests, scores, strict=True):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, s.logprob)
         return [s.logprob for s in scores]
+
+    def loglikelihood_infill(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        """log p(span | prefix, suffix) for requests whose args are (prefix, span, suffix) strings:
+        exact, the sides read first and the span left to right (`aogpt.hf.scoring.score_infill`).
+        Not one of lm-eval's own request types (it asks for continuations only): for tasks and scripts
+        that score a gap given both sides. Each piece is encoded on its own."""
+        out = []
+        with progress(total=len(requests), desc="harness: loglikelihood_infill",
+                      disable=disable_tqdm or not self.show_progress) as bar:
+            for req in requests:
+                prefix, span, suffix = (list(self.tokenizer.encode(t)) if t else [] for t in req.args)
+                out.append(score_infill(self.model, prefix, span, suffix))
+                bar.update(1)
+        return out
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         out = []

@@ -184,3 +184,28 @@ def score_documents(model: torch.nn.Module, documents: Sequence[Sequence[int]], 
 
 
 __all__ = ["Score", "reading_mode", "rolling_windows", "score_continuations", "score_documents"]
+
+
+@torch.inference_mode()
+def score_infill(model: torch.nn.Module, prefix: Sequence[int], span: Sequence[int], suffix: Sequence[int]) -> float:
+    """Exact log p(span | prefix, suffix) of one request: the ids read as prefix, suffix, then the span
+    left to right, in one causal pass (`aogpt.evaluation.infill` explains why this is exact). The sides
+    are cut to fit the model's context (the prefix on the left, the suffix on the right); a span that
+    does not fit is refused."""
+    core = unwrap(model)
+    fam = family_of(core)
+    if not (fam.causal and fam.one_pass_nll and fam.any_order):
+        raise AOGPTError(f"variant {fam.name} cannot score a span given the text after it in one pass",
+                         "use an any-order decoder (aogpt, sigma)")
+    room = core.config.block_size - len(span)
+    if not span or room < 0:
+        raise AOGPTError(f"a span of {len(span)} tokens does not fit the model's context of "
+                         f"{core.config.block_size}", "score a non-empty, shorter span")
+    pre = list(prefix)[max(0, len(prefix) - room):]
+    suf = list(suffix)[:room - len(pre)]
+    P, L = len(pre), len(span)
+    device = next(core.parameters()).device
+    idx = torch.tensor([pre + list(span) + suf], dtype=torch.long, device=device)
+    order = torch.cat([torch.arange(P), torch.arange(P + L, P + L + len(suf)), torch.arange(P, P + L)])
+    losses = core(idx, order.to(device)[None])[1]
+    return -float(losses[0, P + len(suf):].double().sum())

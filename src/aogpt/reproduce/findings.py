@@ -275,6 +275,11 @@ FINDINGS: dict[str, Finding] = {f.key: f for f in (
               "left to right."),
 )}
 
+# The training-recipe findings: claims about how to train, decided over seeds by default (one run per model
+# cannot tell a recipe's effect from a lucky seed). The others measure trained models (ensembles, samples,
+# speed, the sweep) and run on the first seed.
+RECIPE = ("f1", "f2", "f3", "injection", "ema", "adaln-ema")
+
 # Aliases users may type for a finding.
 ALIASES = {"1": "f1", "2": "f2", "2.1": "f2", "2.2": "f2", "3": "f3", "3.1": "f3", "3.2": "f3", "6": "f6",
            "7": "speed", "8.1": "speed", "8.2": "genppl", "fig2": "f1", "fig3a": "f2", "fig3b": "f3",

@@ -108,8 +108,10 @@ def to_markdown(report: dict[str, Any]) -> str:
         for c in f["checks"]:
             counts[c["verdict"]] = counts.get(c["verdict"], 0) + 1
         tally = ", ".join(f"{v} {k}" for k, v in counts.items()) or "-"
-        rows.append([f"[{f['title']}](#{f['key']})", MARK.get(f["verdict"], f["verdict"]), tally])
-    lines += _table(["finding", "verdict", "checks"], rows)
+        n = len(f.get("seeds") or report["seeds"])
+        rows.append([f"[{f['title']}](#{f['key']})", MARK.get(f["verdict"], f["verdict"]), tally,
+                     "one seed" if n == 1 else f"{n} seeds"])
+    lines += _table(["finding", "verdict", "checks", "decided over"], rows)
     for note in report.get("notes", []):
         lines.append(f"- {note}")
     for f in report["findings"]:
@@ -117,6 +119,13 @@ def to_markdown(report: dict[str, Any]) -> str:
         if f.get("notes"):
             lines += [f"*Setup:* {f['notes']}", ""]
         lines += [f"**Verdict:** {MARK.get(f['verdict'], f['verdict'])}.", ""]
+        seeds = f.get("seeds") or report["seeds"]
+        if f["checks"] and len(seeds) == 1:
+            lines += [f"*One seed ({seeds[0]}):* this verdict rests on one training run per model; its intervals "
+                      "are over evaluation batches, sequences, samples or timing rounds, not over seeds, so another "
+                      "seed could decide it otherwise.", ""]
+        elif f["checks"]:
+            lines += [f"*{len(seeds)} seeds ({', '.join(map(str, seeds))}):* intervals over seeds.", ""]
         if f["checks"]:
             lines += _table(["claim", "A", "A (mean [95%])", "B", "B (mean [95%])", "rule: estimate [95%]",
                              "units", "verdict"], [_check_row(c) for c in f["checks"]])

@@ -38,18 +38,26 @@ def resolve_scale(out: Path, base: Scale, request: dict[str, Any], plan_for_budg
         return Scale.from_dict(stored["scale"])
     scale, timing = base, None
     if request["budget_minutes"] is not None:
-        steps, timing = fit_budget(plan_for_budget(base), data, request["budget_minutes"])
+        try:
+            steps, timing = fit_budget(plan_for_budget(base), data, request["budget_minutes"])
+        except AOGPTError:
+            if base.seeds == 1 or request.get("seeds") is not None:
+                raise
+            base = base.with_seeds(1)  # the budget does not allow several seeds: one, and the report says so
+            steps, timing = fit_budget(plan_for_budget(base), data, request["budget_minutes"])
         scale = base.with_steps(steps)
     write_json(path, {"request": request, "scale": scale.to_dict(), "budget_timing": timing})
     return scale
 
 
-def reproduce(out: Path | str, findings: Sequence[str] | None = None, *, seeds: int = 1, seed: int = 1337,
-              quick: bool = False, budget_minutes: float | None = None, device: str = "cpu",
+def reproduce(out: Path | str, findings: Sequence[str] | None = None, *, seeds: int | None = None,
+              seed: int = 1337, quick: bool = False, budget_minutes: float | None = None, device: str = "cpu",
               show_progress: bool = True) -> dict[str, Any]:
     """Run the experiments behind `findings` (default all, see `aogpt.reproduce.findings.FINDINGS`)
-    with `seeds` seeds (seed, seed + 1, ...) and write DIR/report.{md,json}; returns the report."""
-    if seeds < 1:
+    and write DIR/report.{md,json}; returns the report. seeds: every finding at seeds seed, seed + 1,
+    ...; None: the scale's seeds for the training-recipe findings (`findings.RECIPE`) and the first
+    for the others (`aogpt.reproduce.scale`)."""
+    if seeds is not None and seeds < 1:
         raise AOGPTError(f"--seeds must be at least 1, got {seeds}", "pass --seeds 1 or more")
     if budget_minutes is not None and (quick or not budget_minutes > 0):
         raise AOGPTError("--budget-minutes must be positive and cannot be combined with --quick",
@@ -60,7 +68,8 @@ def reproduce(out: Path | str, findings: Sequence[str] | None = None, *, seeds: 
     ensure_writable_dir(out)
     start = time.perf_counter()
     request = {"quick": quick, "budget_minutes": budget_minutes, "device": device}
-    seed_list = tuple(seed + i for i in range(seeds))
+    if seeds is not None:  # stored only when given, so that older directories keep matching
+        request["seeds"] = seeds
     # one writer per DIR: two would train the same runs twice and interleave their checkpoints
     with directory_lock(out, "aogpt reproduce", inside=True):
         base = QUICK if quick else DEFAULT
@@ -68,12 +77,15 @@ def reproduce(out: Path | str, findings: Sequence[str] | None = None, *, seeds: 
         vocab = int(data.tokenizer.padded_vocab_size)
 
         def plan_at(scale: Scale) -> Any:
-            return make_plan(out, scale, seed_list, keys, vocab, device)
+            count = scale.seeds if seeds is None else seeds
+            return make_plan(out, scale, tuple(seed + i for i in range(count)), keys, vocab, device,
+                             recipe_only=seeds is None)
 
         scale = resolve_scale(out, base, request, plan_at, data)
         plan = plan_at(scale)
         notes = train_runs(plan, data, show_progress)
         needed = list(dict.fromkeys(a for k in keys for a in FINDINGS[k].analyses))
-        analyses = {name: run_analysis(plan, name, data, device, show_progress) for name in needed}
+        analyses = {name: run_analysis(plan.for_analysis(name), name, data, device, show_progress)
+                    for name in needed}
         return build_report(plan, analyses, wall_seconds=time.perf_counter() - start, device=device, notes=notes,
                             request=request)

@@ -177,7 +177,10 @@ def build_report(plan: Plan, analyses: dict[str, Any], *, wall_seconds: float, d
     results = []
     for key in plan.findings:
         finding = FINDINGS[key]
-        res = finding_result(plan, finding, lookup)
+        sub = plan.for_finding(key)  # its seeds: the checks pair over them
+        lookup = lookup_for(sub, analyses)
+        res = finding_result(sub, finding, lookup)
+        res["seeds"] = list(sub.seeds)
         res.update(analysis_tables(finding, lookup, analyses))
         png = None
         if key == "f6":
@@ -187,9 +190,9 @@ def build_report(plan: Plan, analyses: dict[str, Any], *, wall_seconds: float, d
         elif key == "speed" and res.get("bench_files", {}).get("png"):
             png = Path(shutil.copyfile(res["bench_files"]["png"], figures / f"{key}.png"))
         elif finding.panels:
-            png = curve_figure(plan, finding, figures / f"{key}.png")
+            png = curve_figure(sub, finding, figures / f"{key}.png")
         if key == "orders":
-            res["sweep"] = orders_rows(plan, res)
+            res["sweep"] = orders_rows(sub, res)
             sweep_png = orders_figure(res["sweep"], figures / "orders-tradeoff.png")
             res["figures"] = [str(p.relative_to(plan.out)) for p in (sweep_png, png) if p]
         else:

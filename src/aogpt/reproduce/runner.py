@@ -18,6 +18,7 @@ every piece's end: the error bars) and, when finished, ``done.json``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
@@ -32,7 +33,7 @@ from aogpt.config import ModelConfig, TrainConfig, to_dict
 from aogpt.errors import AOGPTError
 from aogpt.io import ensure_writable_dir, read_json, write_json
 from aogpt.progress import progress
-from aogpt.reproduce.findings import FINDINGS, RUNS, RunSpec
+from aogpt.reproduce.findings import FINDINGS, RECIPE, RUNS, RunSpec
 from aogpt.reproduce.scale import Scale, configs
 
 CORPUS = "shakespeare"
@@ -80,13 +81,28 @@ class Run:
 
 @dataclass
 class Plan:
-    """What one command trains: the runs of the chosen findings at every seed, at one scale."""
+    """What one command trains: the runs of the chosen findings at their seeds, at one scale.
+    `finding_seeds` gives each finding's seeds (default: all of `seeds`)."""
 
     out: Path
     scale: Scale
     seeds: tuple[int, ...]
     findings: tuple[str, ...]
     runs: list[Run] = field(default_factory=list)
+    finding_seeds: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def seeds_of(self, finding: str) -> tuple[int, ...]:
+        return self.finding_seeds.get(finding, self.seeds)
+
+    def for_finding(self, finding: str) -> Plan:
+        """The plan as one finding sees it: its seeds only (its checks pair over them)."""
+        return dataclasses.replace(self, seeds=self.seeds_of(finding), findings=(finding,))
+
+    def for_analysis(self, name: str) -> Plan:
+        """The plan as an analysis sees it: the seeds every planned finding that needs it has."""
+        users = [f for f in self.findings if name in FINDINGS[f].analyses]
+        seeds = tuple(s for s in self.seeds if all(s in self.seeds_of(f) for f in users))
+        return dataclasses.replace(self, seeds=seeds or self.seeds[:1])
 
     def run(self, key: str, seed: int) -> Run:
         for r in self.runs:
@@ -120,13 +136,22 @@ def prepare_data(out: Path, tokenizer: str, show_progress: bool = True) -> Any:
     return PreparedData(data_dir, expect_tokenizer=tokenizer)
 
 
+def finding_seeds(findings: tuple[str, ...], seeds: tuple[int, ...], recipe_only: bool) -> dict[str, tuple[int, ...]]:
+    """Each finding's seeds: all of them, or with `recipe_only` all for the training-recipe findings
+    (`RECIPE`) and the first for the others."""
+    return {f: seeds if (not recipe_only or f in RECIPE) else seeds[:1] for f in findings}
+
+
 def make_plan(out: Path, scale: Scale, seeds: tuple[int, ...], findings: tuple[str, ...], vocab_size: int,
-              device: str = "cpu") -> Plan:
-    """Every run the findings need (shared runs once), at every seed, ordered seed-major."""
+              device: str = "cpu", recipe_only: bool = False) -> Plan:
+    """Every run the findings need (shared runs once), at every seed a finding using it has
+    (`finding_seeds`), ordered seed-major."""
     keys = list(dict.fromkeys(k for f in findings for k in FINDINGS[f].runs))
-    plan = Plan(out, scale, seeds, findings)
+    plan = Plan(out, scale, seeds, findings, finding_seeds=finding_seeds(findings, seeds, recipe_only))
     for seed in seeds:
         for key in keys:
+            if not any(key in FINDINGS[f].runs and seed in plan.seeds_of(f) for f in findings):
+                continue
             mc, tc = configs(RUNS[key], scale, vocab_size, seed, device)
             plan.runs.append(Run(RUNS[key], seed, out / "runs" / f"{key}-seed{seed}", mc, tc))
     return plan

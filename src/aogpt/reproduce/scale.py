@@ -6,6 +6,10 @@ an hour on two quiet CPU cores; `QUICK` is a smoke test of the whole pipeline in
 `--budget-minutes` keeps the size and picks the steps from a short timing of this machine
 (`aogpt.reproduce.runner.fit_budget`).
 
+Seeds: the training-recipe findings (`aogpt.reproduce.findings.RECIPE`) run `Scale.seeds` seeds by
+default (3 at the default scale, whose steps are chosen so that their 53 runs fit the hour), the
+other findings the first seed; ``--seeds N`` runs every finding at N seeds.
+
 Every any-order decoder run (uniform, mixture or Mallows orders) starts as the library recommends
 (`aogpt.config.any_order_start`: a curriculum from left to right to the run's order, the target pathway
 at 10x the learning rate, adaLN's gates open): without it, AO-GPT's blocks stay on the unigram
@@ -43,6 +47,7 @@ class Scale:
     block_size: int = 64
     batch_size: int = 32
     steps: int = 1800
+    seeds: int = 1  # seeds of the training-recipe findings by default (`findings.RECIPE`; the others: one)
     evals: int = 6  # validations per run, evenly spaced (the curves' points; runs interleave between them)
     eval_batches: int = 16
     lr: float = 3e-3
@@ -93,8 +98,13 @@ class Scale:
                 f"{self.tokenizer} tokens, batch {self.batch_size}, {self.steps} steps "
                 f"({self.tokens_per_run:,} tokens per run), {self.evals} validations of {self.eval_batches} batches")
 
+    def with_seeds(self, seeds: int) -> Scale:
+        return dataclasses.replace(self, seeds=seeds).check()
 
-DEFAULT = Scale("default").check()
+
+# 16 recipe runs x 3 seeds + 5 runs of the other findings x 1 seed = 53 runs of 1,200 steps: under an hour
+# on two cores (docs/reproduce.md, "Seeds and the budget")
+DEFAULT = Scale("default", steps=1200, seeds=3).check()
 QUICK = Scale("quick", n_layer=2, n_embd=32, n_head=2, block_size=32, batch_size=8, steps=24, evals=2,
               eval_batches=4, lr=3e-3, min_lr=3e-4, warmup_steps=4, ensemble_sequences=8, ensemble_orders=1,
               ensemble_positions=4, encoder_draws=2, gen_samples=4, bench_batch=2, bench_steps=(4, 8, 32),
