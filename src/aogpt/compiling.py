@@ -46,12 +46,22 @@ def c_compiler() -> str | None:
 
 
 def cache_dir() -> Path:
-    """Where compiled kernels are kept between runs: $TORCHINDUCTOR_CACHE_DIR if set, else
-    ~/.cache/aogpt/inductor ($XDG_CACHE_HOME respected)."""
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
-        return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    """Where compiled kernels are kept between runs: $TORCHINDUCTOR_CACHE_DIR if the user set it, else
+    ~/.cache/aogpt/inductor ($XDG_CACHE_HOME respected). Inductor writes its own default (a folder in
+    /tmp, lost on reboot) into that variable the first time it looks, so that value is not the user's."""
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen and os.path.abspath(chosen) != os.path.abspath(_torch_default_cache_dir()):
+        return Path(chosen)
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "aogpt" / "inductor"
+
+
+def _torch_default_cache_dir() -> str:
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # another torch layout: no default of torch's to tell apart
+        return ""
+    return default_cache_dir()
 
 
 def use_persistent_cache() -> Path:
@@ -59,7 +69,7 @@ def use_persistent_cache() -> Path:
     reboot); returns it."""
     path = cache_dir()
     path.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(path))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)  # the user's own choice is `path` itself (cache_dir)
     # tracing a norm whose input is bf16 (autocast) and weight float32 warns once per graph; the
     # compiled kernel handles the mix itself
     warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
