@@ -14,9 +14,20 @@ caller set.
 
 Ragged steps (Lemma 4.1: sequences reveal different numbers of positions) are *packed*: the step's
 R real slots of all sequences form one row dimension (input (1, R)), so every linear layer works
-on exactly the real slots. Only attention needs a per-sequence layout: the queries are scattered
-into (B, S) (S = the most rows any sequence has), attend to their own sequence's cache under the
-step's mask (B, 1, S, span), and are gathered back; padding rows attend to column 0 and are dropped.
+on exactly the real slots. Attention needs a per-sequence layout, in one of two forms:
+
+- `RaggedSlots` (the decoder's Lemma 4.1 steps): the packed rows are ordered by *width* (how many
+  rows the sequence has this step), sequence-major inside a width. The rows of the nb sequences of
+  width w are then contiguous, and are (nb, H, w, D) by a reshape: one attention call per distinct
+  width (a `Bucket`), each over its own sequences' cache columns, with no padding row anywhere.
+  The widths of a step are few (a sequence has its catch-ups plus its new queries: 1 to 4 rows
+  for nearly every sequence at T = n), so are the calls.
+- `PackedSlots` (the adaptive and speculative samplers): the queries are scattered into (B, S)
+  (S = the most rows any sequence has), attend under the step's mask (B, 1, S, span), and are
+  gathered back; padding rows attend to column 0 and are dropped.
+
+Both are exact: a row attends to its own sequence's columns under the same mask either way; only
+which other rows share its attention call differs, and attention never mixes rows.
 
 AO-GPT's adaLN modulation depends on the target position only: at setup the per-position rows of
 every block (and of the final layer) are computed once from the current weights and kept here
@@ -27,6 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from aogpt.attention import KERNELS, attend
@@ -78,6 +90,57 @@ class PackedSlots:
     width: int
 
 
+@dataclass
+class Bucket:
+    """The `count` sequences of one width in a `RaggedSlots` step: their rows are the packed rows
+    start .. start + count * width - 1 (sequence-major). seqs: the sequences (cache batch rows), a
+    slice when they are consecutive (their cache is then a view, not a copy); mask: additive
+    (count, 1, width, span) over the first `span` cache columns."""
+
+    start: int
+    count: int
+    width: int
+    seqs: slice | torch.Tensor
+    mask: torch.Tensor
+
+
+@dataclass
+class RaggedSlots:
+    """Where the rows of a packed forward go, bucketed by width (module docstring): row r belongs to
+    sequence `batch[r]` and writes its keys at cache column `column[r]`."""
+
+    batch: torch.Tensor
+    column: torch.Tensor
+    buckets: list[Bucket]
+
+
+def ragged_rows(sizes: np.ndarray, first: np.ndarray, decided: np.ndarray, dtype: torch.dtype,
+                device: torch.device) -> tuple[np.ndarray, np.ndarray, RaggedSlots]:
+    """The packed rows of a ragged step, bucketed by width: sequence b has `sizes[b]` rows (0: it sits
+    the step out) at cache columns first[b] .. first[b] + sizes[b] - 1, and `decided[b]` decided
+    columns that its rows may see (`step_mask`). Returns the rows' sequences and columns (numpy, in
+    packed order) and the `RaggedSlots` for the forward."""
+    active = np.nonzero(sizes)[0]
+    seqs = active[np.argsort(sizes[active], kind="stable")]  # by width, then by index
+    width = sizes[seqs]
+    b = np.repeat(seqs, width)
+    col = first[b] + np.arange(len(b)) - np.repeat(np.cumsum(width) - width, width)
+
+    def t(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
+
+    buckets, start = [], 0
+    for w in np.unique(width):
+        group = seqs[width == w]
+        cols = first[group][:, None] + np.arange(w)
+        allowed = step_mask(t(cols), t(decided[group])[:, None], int(cols.max()) + 1)
+        consecutive = group[-1] - group[0] + 1 == len(group)
+        which = slice(int(group[0]), int(group[-1]) + 1) if consecutive else t(group)
+        buckets.append(Bucket(start, len(group), int(w), which, additive(allowed[:, None], dtype)))
+        start += len(group) * int(w)
+    return b, col, RaggedSlots(t(b), t(col), buckets)
+
+
 class KVCache:
     """Static key/value buffers for every layer, plus the inference tables of the weights they were
     set up from."""
@@ -94,9 +157,12 @@ class KVCache:
         self._rows = torch.arange(batch, device=device)[:, None]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               cache_pos: int | torch.Tensor | PackedSlots, attn_mask: torch.Tensor | None) -> torch.Tensor:
+               cache_pos: int | torch.Tensor | PackedSlots | RaggedSlots,
+               attn_mask: torch.Tensor | None) -> torch.Tensor:
         """Write this forward's keys/values at `cache_pos` and attend over the cache: q, k, v are
         (B, H, S, D), or (1, H, R, D) for packed rows; returns the attention output, same shape as q."""
+        if isinstance(cache_pos, RaggedSlots):
+            return self._attend_ragged(layer, q, k, v, cache_pos)
         if not isinstance(cache_pos, PackedSlots):
             span = attn_mask.shape[-1] if attn_mask is not None else cache_pos + q.shape[2]
             k, v = self.update(layer, k, v, cache_pos, span)
@@ -110,6 +176,26 @@ class KVCache:
         padded = padded.view(self.batch, where.width, H, D).transpose(1, 2)
         y = attention(padded, kc[:, :, :span], vc[:, :, :span], attn_mask, self.attention)
         return y.transpose(1, 2).reshape(-1, H, D).index_select(0, where.pad).transpose(0, 1)[None]
+
+    def _attend_ragged(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       where: RaggedSlots) -> torch.Tensor:
+        """Packed rows (1, H, R, D): keys written at their columns, then one attention call per width."""
+        kc, vc = self.k[layer], self.v[layer]
+        kc[where.batch, :, where.column] = k[0].transpose(0, 1)
+        vc[where.batch, :, where.column] = v[0].transpose(0, 1)
+        out = []
+        for bucket in where.buckets:
+            rows = q[0, :, bucket.start:bucket.start + bucket.count * bucket.width]  # (H, count * width, D)
+            qb = rows.unflatten(1, (bucket.count, bucket.width)).transpose(0, 1)
+            span = bucket.mask.shape[-1]
+            if isinstance(bucket.seqs, slice):
+                keys, values = kc[bucket.seqs, :, :span], vc[bucket.seqs, :, :span]
+            else:
+                keys = kc[:, :, :span].index_select(0, bucket.seqs)
+                values = vc[:, :, :span].index_select(0, bucket.seqs)
+            y = attention(qb, keys, values, bucket.mask, self.attention)
+            out.append(y.transpose(0, 1).flatten(1, 2))
+        return (out[0] if len(out) == 1 else torch.cat(out, dim=1))[None]
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, cache_pos: int | torch.Tensor,
                span: int) -> tuple[torch.Tensor, torch.Tensor]:

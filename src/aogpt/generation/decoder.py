@@ -29,8 +29,9 @@ samples and scatters: no host-side bookkeeping, no device-to-host synchronisatio
 Batches: when every sequence has the same (L, g, k) (the ``count`` policy) the step is a (B, S)
 block written from one int column, and a single-slot step needs no mask at all. Otherwise
 (Lemma 4.1's ragged steps) the real slots of all sequences are *packed* into one row dimension, so
-the linear layers do exactly the real work; only attention uses a padded (B, S) layout
-(`aogpt.kv_cache.PackedSlots`). A sequence with k_b = 0 sits the step out.
+the linear layers do exactly the real work, and attention runs once per distinct width over the
+sequences of that width (`aogpt.kv_cache.RaggedSlots`): no slot anywhere is padding. A sequence
+with k_b = 0 sits the step out.
 
 ``use_cache=False`` is the same step with L_b = 0: all decided slots are recomputed every step (the
 benchmark's baseline and a test oracle for the cache logic).
@@ -46,7 +47,7 @@ import torch
 
 from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
-from aogpt.kv_cache import PackedSlots, additive, step_mask
+from aogpt.kv_cache import RaggedSlots, additive, ragged_rows, step_mask
 from aogpt.sampling import SamplingConfig, sample_tokens
 
 
@@ -66,7 +67,7 @@ class Step:
     gather: torch.Tensor
     pos: torch.Tensor
     target: torch.Tensor
-    cache_pos: int | PackedSlots
+    cache_pos: int | RaggedSlots
     mask: torch.Tensor | None
     select: torch.Tensor | None
     dest: torch.Tensor
@@ -118,28 +119,18 @@ class _Planner:
                     B * k, B * S, 0)
 
     def _packed(self, k: np.ndarray, L: np.ndarray) -> Step:
-        """Ragged counts: the real rows of all sequences in one row dimension (module docstring)."""
-        B, n, g = self.B, self.n, self.g
+        """Ragged counts: the real rows of all sequences in one row dimension, bucketed by width for
+        attention (`aogpt.kv_cache.ragged_rows`): no padding anywhere."""
+        n, g = self.n, self.g
         sizes = np.where(k > 0, g - L + k, 0)
-        R, W = int(sizes.sum()), int(sizes.max())
-        b = np.repeat(np.arange(B), sizes)
-        s = np.arange(R) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-        col = L[b] + s
+        b, col, where = ragged_rows(sizes, L, g, self.dtype, self.dev)
         content = np.minimum(col, g[b])
         query = col >= g[b]
-        span = int(col.max()) + 1
         b_t, col_t = self._t(b), self._t(col)
-        pad_cols = L[:, None] + np.arange(W)
-        real = np.arange(W) < sizes[:, None]
-        a = torch.arange(span, device=self.dev)
-        mask = step_mask(self._t(pad_cols), self._t(g)[:, None], span) | self._t(~real)[..., None].bool() & (a == 0)
-        where = PackedSlots(b_t, col_t, self._t(b * W + s), W)
         qb, qcol = b[query], col[query]
         return Step(self._t(b * (n + 2) + content)[None], self.pos[b_t, self._t(content)][None],
-                    self.tgt[b_t, col_t][None], where, additive(mask[:, None], self.dtype),
-                    self._t(np.nonzero(query)[0])[None],
-                    self._t(qb * (n + 2) + qcol + 1), self._t(qb * n + qcol), int(query.sum()), R, B * W - R)
-
+                    self.tgt[b_t, col_t][None], where, None, self._t(np.nonzero(query)[0])[None],
+                    self._t(qb * (n + 2) + qcol + 1), self._t(qb * n + qcol), int(query.sum()), len(b), 0)
 
     def _padded(self, k: np.ndarray) -> Step:
         """Ragged counts without a cache: every decided slot recomputed, sequences padded to (B, W)."""
