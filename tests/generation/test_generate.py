@@ -368,6 +368,11 @@ def test_compiled_steps_give_the_same_tokens():
     model = tiny_model("aogpt", vocab=32, block=6, dtype=torch.float32)
     kw = dict(num_samples=3, length=6, steps=3, policy="bernoulli", seed=4, batch_size=3, prepack=False)
     assert torch.equal(generate(model, compile="eager", **kw).tokens, generate(model, **kw).tokens)
+    # uniform steps compiled with fixed shapes (columns as tensors, masks over the whole cache)
+    kw.update(policy="count", length=3, steps=3, num_samples=2, batch_size=2, record_logits=True)
+    got, ref = generate(model, compile="eager", **kw), generate(model, **kw)
+    assert torch.equal(got.tokens, ref.tokens)
+    torch.testing.assert_close(got.logits, ref.logits, atol=1e-5, rtol=0, equal_nan=True)
 
 
 def test_packed_steps_do_only_the_real_work():
