@@ -142,8 +142,9 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
     decoding, `aogpt.generation.speculative`; replaces steps and policy),
     temperature, top_p, top_k, greedy, dtype (precision of the draw, default float64),
     batch_size (default 32), use_cache, prepack (CPU: decode weights packed once, `aogpt.inference`),
-    attention ("sdpa" or "flex"), compile (torch.compile the decode step), skip_noop (an encoder
-    skips the forward of steps that reveal nothing, docs/encoder.md).
+    attention (the decode attention kernel, `aogpt.attention.KERNELS`; default auto), compile
+    (torch.compile the decode step), skip_noop (an encoder skips the forward of steps that reveal
+    nothing, docs/encoder.md).
     prompt: a prefix (text, needs `tokenizer`, or ids). teacher_tokens (N, n): feed these back instead
     of sampling (tests); record_logits keeps every query's logits. on_step: called after every step
     with the positions it revealed (`aogpt.generation.reveal.Revealed`). See docs/generation.md.
