@@ -158,11 +158,22 @@ def exact_joint(model: Transformer, n: int, V: int, plans: list[tuple[float, lis
     return (probs / len(orders)).numpy()
 
 
-def chi2_pvalue(tokens: torch.Tensor, V: int, probs: np.ndarray) -> float:
+def chi2_pvalue(tokens: torch.Tensor, V: int, probs: np.ndarray, min_expected: float = 5.0) -> float:
+    """Pearson's chi-square of the sample's joint counts against `probs`. Cells expected fewer than
+    `min_expected` times are pooled into one (the test's approximation needs it: otherwise a single
+    draw of a one-in-a-million sequence, a legitimate event, decides it); a draw in a cell of
+    probability 0 fails outright."""
     n = tokens.shape[1]
     codes = (tokens * (V ** torch.arange(n - 1, -1, -1))).sum(1).numpy()
     observed = np.bincount(codes, minlength=V ** n)
-    return float(stats.chisquare(observed, probs / probs.sum() * observed.sum()).pvalue)
+    expected = probs / probs.sum() * observed.sum()
+    if observed[expected == 0].any():
+        return 0.0
+    small = expected < min_expected
+    if small.any():
+        observed = np.append(observed[~small], observed[small].sum())
+        expected = np.append(expected[~small], expected[small].sum())
+    return float(stats.chisquare(observed, expected).pvalue)
 
 
 def tiny_model_in(dtype: torch.dtype, variant: str, **kw) -> Transformer:
