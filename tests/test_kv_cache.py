@@ -37,3 +37,17 @@ def test_ragged_attention_is_each_rows_own_attention_without_padding():
         kk, vv = keys[b[r]][:, seen], values[b[r]][:, seen]
         w = torch.softmax(q[0, :, r:r + 1] @ kk.transpose(-1, -2) / D ** 0.5, dim=-1)
         torch.testing.assert_close(out[0, :, r], (w @ vv)[:, 0])
+
+
+def test_a_bf16_model_attends_over_a_float32_cache():
+    """On the CPU a bf16 model's keys are kept (exactly) in float32 and attention runs there; the
+    output comes back in bf16, equal to attention computed in float64 on the same bf16 inputs."""
+    gen = torch.Generator().manual_seed(1)
+    B, H, S, D, cap = 2, 2, 3, 8, 6
+    cache = KVCache(1, B, H, cap, D, "cpu", torch.bfloat16, attention="auto")
+    assert cache.k.dtype == torch.float32
+    q, k, v = (torch.randn(B, H, S, D, generator=gen).to(torch.bfloat16) for _ in range(3))
+    out = cache.attend(0, q, k, v, 0, None)
+    assert out.dtype == torch.bfloat16 and torch.equal(cache.k[0, :, :, :S], k.float())
+    ref = torch.softmax(q.double() @ k.double().transpose(-1, -2) / D ** 0.5, dim=-1) @ v.double()  # no mask: all
+    torch.testing.assert_close(out.double(), ref, atol=1e-2, rtol=1e-2)

@@ -114,6 +114,18 @@ class RaggedSlots:
     buckets: list[Bucket]
 
 
+def storage_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a cache keeps keys and values in for a model computing in `dtype`: float32 on the
+    CPU for bf16/fp16 models, else `dtype`. A decode step's attention is a few rows against the
+    whole cache, where the CPU's half-precision kernels are slow (SDPA's is 4-6x slower than in
+    float32 at these shapes, and the explicit path copies the cache slice to feed bf16 matrix
+    products); in float32 the step's new keys are converted once (exactly: bf16 -> fp32 loses
+    nothing), the attention reads the cache as it is, and only its small output is cast back."""
+    if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
+        return torch.float32
+    return dtype
+
+
 def ragged_rows(sizes: np.ndarray, first: np.ndarray, decided: np.ndarray, dtype: torch.dtype,
                 device: torch.device) -> tuple[np.ndarray, np.ndarray, RaggedSlots]:
     """The packed rows of a ragged step, bucketed by width: sequence b has `sizes[b]` rows (0: it sits
@@ -149,8 +161,9 @@ class KVCache:
                  device: torch.device | str, dtype: torch.dtype, conditions: Conditions | None = None,
                  attention: str = "sdpa"):
         shape = (n_layer, batch, n_head, capacity, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        store = storage_dtype(torch.device(device), dtype)
+        self.k = torch.zeros(shape, device=device, dtype=store)
+        self.v = torch.zeros(shape, device=device, dtype=store)
         self.batch, self.capacity = batch, capacity
         self.conditions = conditions
         self.attention = attention
@@ -160,7 +173,14 @@ class KVCache:
                cache_pos: int | torch.Tensor | PackedSlots | RaggedSlots,
                attn_mask: torch.Tensor | None) -> torch.Tensor:
         """Write this forward's keys/values at `cache_pos` and attend over the cache: q, k, v are
-        (B, H, S, D), or (1, H, R, D) for packed rows; returns the attention output, same shape as q."""
+        (B, H, S, D), or (1, H, R, D) for packed rows; returns the attention output, same shape and
+        dtype as q (computed in the cache's dtype, `storage_dtype`)."""
+        if q.dtype != self.k.dtype:
+            out = q.dtype
+            q, k, v = q.to(self.k.dtype), k.to(self.k.dtype), v.to(self.k.dtype)
+            if attn_mask is not None and attn_mask.dtype.is_floating_point:
+                attn_mask = attn_mask.to(self.k.dtype)
+            return self.attend(layer, q, k, v, cache_pos, attn_mask).to(out)
         if isinstance(cache_pos, RaggedSlots):
             return self._attend_ragged(layer, q, k, v, cache_pos)
         if not isinstance(cache_pos, PackedSlots):

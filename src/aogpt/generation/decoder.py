@@ -203,8 +203,9 @@ class DecoderSampler:
         tgt = torch.cat([chain, torch.full_like(chain[:, :1], model.config.block_size)], dim=1)
         use_cache = settings.use_cache
         static = bool(settings.compile) and use_cache
-        self.steps = plan_steps(plan, m, use_cache, pos, tgt, next(model.parameters()).dtype, static)
         self.cache = model.setup_cache(B, n + 1, settings.attention) if use_cache else None
+        mask_dtype = self.cache.k.dtype if use_cache else next(model.parameters()).dtype  # what attention runs in
+        self.steps = plan_steps(plan, m, use_cache, pos, tgt, mask_dtype, static)
         # compiled: the uniform steps, whose shapes are fixed (`static`: full-cache masks, columns as
         # tensors); ragged Lemma 4.1 steps change shape every step and run eagerly
         self.forward = compiled(model.forward_slots, settings.compile, dev, dynamic=not static)
