@@ -222,7 +222,9 @@ def _run(req: _Request, progress: Callable[[int], None] | None) -> tuple[list[_B
     """Decode every batch in inference mode (the model's training flag restored after); the batches
     and the seconds taken."""
     model = req.model
-    runner = for_inference(model, rows_hint=req.batch_size) if req.settings.prepack else model
+    # oneDNN's pre-packed weights are opaque to inductor: a compiled step runs the plain linear layers
+    prepack = req.settings.prepack and not req.settings.compile
+    runner = for_inference(model, rows_hint=req.batch_size) if prepack else model
     device = next(model.parameters()).device
     batches = []
     was_training = model.training
