@@ -20,7 +20,10 @@ def test_ragged_attention_is_each_rows_own_attention_without_padding():
     b, col, where = ragged_rows(sizes, first, decided, torch.float64, torch.device("cpu"))
     R = len(b)
     assert R == sizes.sum() and sum(bk.count * bk.width for bk in where.buckets) == R  # no padding row
-    assert len(where.buckets) == len(np.unique(sizes[sizes > 0]))
+    for bk in where.buckets:  # runs of consecutive sequences of one width
+        seqs = np.arange(bk.seqs.start, bk.seqs.stop)
+        assert len(seqs) == bk.count and (sizes[seqs] == bk.width).all()
+    assert len(where.buckets) >= len(np.unique(sizes[sizes > 0]))
     cache = KVCache(1, B, H, cap, D, "cpu", torch.float64, attention="sdpa")
     cache.k.normal_(generator=gen)
     cache.v.normal_(generator=gen)

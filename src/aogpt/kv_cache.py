@@ -18,10 +18,9 @@ on exactly the real slots. Attention needs a per-sequence layout, in one of two 
 
 - `RaggedSlots` (the decoder's Lemma 4.1 steps): the packed rows are ordered by *width* (how many
   rows the sequence has this step), sequence-major inside a width. The rows of the nb sequences of
-  width w are then contiguous, and are (nb, H, w, D) by a reshape: one attention call per distinct
-  width (a `Bucket`), each over its own sequences' cache columns, with no padding row anywhere.
-  The widths of a step are few (a sequence has its catch-ups plus its new queries: 1 to 4 rows
-  for nearly every sequence at T = n), so are the calls.
+  width w are then contiguous, and a run of consecutive sequences among them is (nb, H, w, D) by
+  a reshape over a slice of the cache: one attention call per such run (a `Bucket`), with no
+  padding row anywhere and no copy of the cache.
 - `PackedSlots` (the adaptive and speculative samplers): the queries are scattered into (B, S)
   (S = the most rows any sequence has), attend under the step's mask (B, 1, S, span), and are
   gathered back; padding rows attend to column 0 and are dropped.
@@ -93,14 +92,14 @@ class PackedSlots:
 @dataclass
 class Bucket:
     """The `count` sequences of one width in a `RaggedSlots` step: their rows are the packed rows
-    start .. start + count * width - 1 (sequence-major). seqs: the sequences (cache batch rows), a
-    slice when they are consecutive (their cache is then a view, not a copy); mask: additive
-    (count, 1, width, span) over the first `span` cache columns."""
+    start .. start + count * width - 1 (sequence-major). seqs: the sequences (cache batch rows),
+    consecutive, as a slice (their cache is a view); mask: additive (count, 1, width, span) over
+    the first `span` cache columns."""
 
     start: int
     count: int
     width: int
-    seqs: slice | torch.Tensor
+    seqs: slice
     mask: torch.Tensor
 
 
@@ -142,14 +141,17 @@ def ragged_rows(sizes: np.ndarray, first: np.ndarray, decided: np.ndarray, dtype
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
 
     buckets, start = [], 0
-    for w in np.unique(width):
-        group = seqs[width == w]
+    # one bucket per run of consecutive sequences of one width: their cache is a view (a slice of the
+    # batch), never a gathered copy (a copy of every key of the step's sequences, per layer, costs more
+    # than the extra attention calls from n = 256 on)
+    cut = np.nonzero((np.diff(width) != 0) | (np.diff(seqs) != 1))[0] + 1
+    for group in np.split(seqs, cut):
+        w = int(sizes[group[0]])
         cols = first[group][:, None] + np.arange(w)
         allowed = step_mask(t(cols), t(decided[group])[:, None], int(cols.max()) + 1)
-        consecutive = group[-1] - group[0] + 1 == len(group)
-        which = slice(int(group[0]), int(group[-1]) + 1) if consecutive else t(group)
-        buckets.append(Bucket(start, len(group), int(w), which, additive(allowed[:, None], dtype)))
-        start += len(group) * int(w)
+        which = slice(int(group[0]), int(group[-1]) + 1)
+        buckets.append(Bucket(start, len(group), w, which, additive(allowed[:, None], dtype)))
+        start += len(group) * w
     return b, col, RaggedSlots(t(b), t(col), buckets)
 
 
@@ -208,11 +210,7 @@ class KVCache:
             rows = q[0, :, bucket.start:bucket.start + bucket.count * bucket.width]  # (H, count * width, D)
             qb = rows.unflatten(1, (bucket.count, bucket.width)).transpose(0, 1)
             span = bucket.mask.shape[-1]
-            if isinstance(bucket.seqs, slice):
-                keys, values = kc[bucket.seqs, :, :span], vc[bucket.seqs, :, :span]
-            else:
-                keys = kc[:, :, :span].index_select(0, bucket.seqs)
-                values = vc[:, :, :span].index_select(0, bucket.seqs)
+            keys, values = kc[bucket.seqs, :, :span], vc[bucket.seqs, :, :span]
             y = attention(qb, keys, values, bucket.mask, self.attention)
             out.append(y.transpose(0, 1).flatten(1, 2))
         return (out[0] if len(out) == 1 else torch.cat(out, dim=1))[None]
