@@ -29,8 +29,8 @@ samples and scatters: no host-side bookkeeping, no device-to-host synchronisatio
 Batches: when every sequence has the same (L, g, k) (the ``count`` policy) the step is a (B, S)
 block written from one int column, and a single-slot step needs no mask at all. Otherwise
 (Lemma 4.1's ragged steps) the real slots of all sequences are *packed* into one row dimension, so
-the linear layers do exactly the real work, and attention runs once per distinct width over the
-sequences of that width (`aogpt.kv_cache.RaggedSlots`): no slot anywhere is padding. A sequence
+the linear layers do exactly the real work, and attention runs once per run of consecutive
+sequences of one width (`aogpt.kv_cache.RaggedSlots`): no slot anywhere is padding. A sequence
 with k_b = 0 sits the step out.
 
 ``use_cache=False`` is the same step with L_b = 0: all decided slots are recomputed every step (the
