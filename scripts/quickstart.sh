@@ -36,7 +36,7 @@ DATA=${QUICKSTART_DATA:-data/$(basename "${CORPUS%.*}")-${TOKENIZER/:/}}
 RUN=${QUICKSTART_RUN:-runs/quickstart-$(date +%Y%m%d-%H%M%S)}
 SEED=${QUICKSTART_SEED:-1337}
 read -r -a TRAIN_FLAGS <<< "${QUICKSTART_TRAIN_FLAGS:-}"
-read -r -a BENCH_FLAGS <<< "${QUICKSTART_BENCH_FLAGS:---n 128 --steps 16,128 --repeats 1 --methods aogpt,encoder,gpt}"
+read -r -a BENCH_FLAGS <<< "${QUICKSTART_BENCH_FLAGS:---n 128,512 --steps n,n/8 --repeats 3 --threads 1 --methods aogpt,encoder,gpt --encoder-limit 8}"
 SAMPLES=${QUICKSTART_SAMPLES:-8}
 # one token per step (exact); 8 samples of each kind, the first 2 shown, and the share of their words that are
 # words of the training text
@@ -95,6 +95,10 @@ And by[[ opposing end them]]? To die: to sleep;"}
 aogpt sample --checkpoint "$RUN" --infill "$PASSAGE" "${SAMPLING[@]}"
 
 step "5/5 speed: AO-GPT with its KV cache against an encoder-only masked diffusion model and a left-to-right GPT"
+echo "n = 128 and 512 tokens, T = n and n/8 steps, one thread, medians of 3 interleaved runs (the encoder estimated"
+echo "where a run would take over 8 s). The decoder's advantage grows with n: over T steps an encoder evaluates"
+echo "T x n slots, AO-GPT with its KV cache about 2n whatever T (the paper's Finding 7); with T = n or n/8 the gap"
+echo "grows in proportion to n, so it is wider at n = 512 than at n = 128."
 aogpt bench generate "${BENCH_FLAGS[@]}" --out "$RUN/bench" --no-progress
 
 echo

@@ -139,3 +139,21 @@ def test_categorical_never_draws_zero_weights():
     counts = np.bincount(draws.numpy(), minlength=6)
     assert counts[[0, 2, 4, 5]].sum() == 0
     assert stats.chisquare(counts[[1, 3]], [20000, 10000]).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_two_level_inversion_draws_the_exact_law(dtype):
+    """A vocabulary past 2 x BLOCK is inverted block by block: zero-weight tokens (a whole zero block,
+    zeros at block edges, a ragged last block) are never drawn and the rest follow their weights."""
+    from aogpt.sampling import BLOCK
+
+    V, N = 3 * BLOCK + 17, 12000
+    hot = np.array([0, 5, BLOCK - 1, BLOCK + 3, 3 * BLOCK + 16])  # block 2 is all zero
+    w = torch.zeros(V, dtype=dtype)
+    w[hot] = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], dtype=dtype)
+    draws = categorical(w.expand(N, V), torch.Generator().manual_seed(1), torch.float64)
+    counts = np.bincount(draws.numpy(), minlength=V)
+    assert counts.sum() == N and counts[np.setdiff1d(np.arange(V), hot)].sum() == 0
+    law = w[hot].double().numpy() / float(w.sum())
+    assert stats.chisquare(counts[hot], N * law).pvalue > 1e-3
+    assert stats.chisquare(counts[hot], N * np.roll(law, 1)).pvalue < 1e-6  # the test has power

@@ -9,9 +9,9 @@ effect end to end).
 
 `for_inference(model)` returns a shallow structural copy of the model that shares every parameter
 with it (nothing is copied, the user's model is not modified) and whose decode-path linear layers
-(attention, MLP, output head) hold a packed copy of their weight. It is built once per `generate`
-call, from the weights as they are then; only float32 and bfloat16 models on a CPU with oneDNN are
-packed, anything else is returned as it is.
+(attention, MLP, output head) hold a packed copy of their weight. It is built from the weights as
+they are at a `generate` call, and reused by the next calls until a weight changes; only float32 and
+bfloat16 models on a CPU with oneDNN are packed, anything else is returned as it is.
 
 The weight is packed for at least two rows (`MIN_ROWS_HINT`), whatever the hint: packed for one
 row, oneDNN picks a layout whose kernel gives a row different bits depending on how many rows are
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import weakref
 
 import torch
 from torch import nn
@@ -56,11 +57,31 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
+_PACKED: weakref.WeakKeyDictionary[nn.Module, tuple[int, list[tuple[torch.Tensor, int]], nn.Module]] = \
+    weakref.WeakKeyDictionary()
+
+
+def _unchanged(model: nn.Module, rows_hint: int, kept: tuple[int, list[tuple[torch.Tensor, int]], nn.Module]) -> bool:
+    """Whether a kept packed copy still matches the model: same row hint, and every parameter still
+    the same storage (the kept aliases hold the old storages alive, so a new tensor cannot reuse an
+    address) at the same version (bumped by any in-place change: an optimizer step, load_state_dict)."""
+    hint, weights, _ = kept
+    params = list(model.parameters())
+    return hint == rows_hint and len(params) == len(weights) and all(
+        p.data_ptr() == t.data_ptr() and p.dtype == t.dtype and p._version == v
+        for p, (t, v) in zip(params, weights, strict=True))
+
+
 def for_inference(model: nn.Module, rows_hint: int = 8) -> nn.Module:
     """The model with its decode-path linear layers packed (module docstring); `model` itself when
-    packing does not apply. `rows_hint`: the typical number of rows per step."""
+    packing does not apply. `rows_hint`: the typical number of rows per step. The packed copy is
+    kept (weakly, per model) and reused while the weights are unchanged, so repeated `generate`
+    calls do not pack again."""
     if not packing_available(model):
         return model
+    kept = _PACKED.get(model)
+    if kept is not None and _unchanged(model, rows_hint, kept):
+        return kept[2]
     shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
     clone = copy.deepcopy(model, shared)
     for name, module in list(clone.named_modules()):
@@ -68,4 +89,5 @@ def for_inference(model: nn.Module, rows_hint: int = 8) -> nn.Module:
             full = f"{name}.{child_name}" if name else child_name
             if isinstance(child, nn.Linear) and full.endswith(DECODE_PATH):
                 setattr(module, child_name, PackedLinear(child, rows_hint))
-    return clone.eval()
+    _PACKED[model] = (rows_hint, [(p.detach(), p._version) for p in model.parameters()], clone.eval())
+    return clone

@@ -14,9 +14,19 @@ caller set.
 
 Ragged steps (Lemma 4.1: sequences reveal different numbers of positions) are *packed*: the step's
 R real slots of all sequences form one row dimension (input (1, R)), so every linear layer works
-on exactly the real slots. Only attention needs a per-sequence layout: the queries are scattered
-into (B, S) (S = the most rows any sequence has), attend to their own sequence's cache under the
-step's mask (B, 1, S, span), and are gathered back; padding rows attend to column 0 and are dropped.
+on exactly the real slots. Attention needs a per-sequence layout, in one of two forms:
+
+- `RaggedSlots` (the decoder's Lemma 4.1 steps): the packed rows are ordered by *width* (how many
+  rows the sequence has this step), sequence-major inside a width. The rows of the nb sequences of
+  width w are then contiguous, and a run of consecutive sequences among them is (nb, H, w, D) by
+  a reshape over a slice of the cache: one attention call per such run (a `Bucket`), with no
+  padding row anywhere and no copy of the cache.
+- `PackedSlots` (the adaptive and speculative samplers): the queries are scattered into (B, S)
+  (S = the most rows any sequence has), attend under the step's mask (B, 1, S, span), and are
+  gathered back; padding rows attend to column 0 and are dropped.
+
+Both are exact: a row attends to its own sequence's columns under the same mask either way; only
+which other rows share its attention call differs, and attention never mixes rows.
 
 AO-GPT's adaLN modulation depends on the target position only: at setup the per-position rows of
 every block (and of the final layer) are computed once from the current weights and kept here
@@ -27,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from aogpt.attention import KERNELS, attend
@@ -78,6 +89,72 @@ class PackedSlots:
     width: int
 
 
+@dataclass
+class Bucket:
+    """The `count` sequences of one width in a `RaggedSlots` step: their rows are the packed rows
+    start .. start + count * width - 1 (sequence-major). seqs: the sequences (cache batch rows),
+    consecutive, as a slice (their cache is a view); mask: additive (count, 1, width, span) over
+    the first `span` cache columns."""
+
+    start: int
+    count: int
+    width: int
+    seqs: slice
+    mask: torch.Tensor
+
+
+@dataclass
+class RaggedSlots:
+    """Where the rows of a packed forward go, bucketed by width (module docstring): row r belongs to
+    sequence `batch[r]` and writes its keys at cache column `column[r]`."""
+
+    batch: torch.Tensor
+    column: torch.Tensor
+    buckets: list[Bucket]
+
+
+def storage_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a cache keeps keys and values in for a model computing in `dtype`: float32 on the
+    CPU for bf16/fp16 models, else `dtype`. A decode step's attention is a few rows against the
+    whole cache, where the CPU's half-precision kernels are slow (SDPA's is 4-6x slower than in
+    float32 at these shapes, and the explicit path copies the cache slice to feed bf16 matrix
+    products); in float32 the step's new keys are converted once (exactly: bf16 -> fp32 loses
+    nothing), the attention reads the cache as it is, and only its small output is cast back."""
+    if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
+        return torch.float32
+    return dtype
+
+
+def ragged_rows(sizes: np.ndarray, first: np.ndarray, decided: np.ndarray, dtype: torch.dtype,
+                device: torch.device) -> tuple[np.ndarray, np.ndarray, RaggedSlots]:
+    """The packed rows of a ragged step, bucketed by width: sequence b has `sizes[b]` rows (0: it sits
+    the step out) at cache columns first[b] .. first[b] + sizes[b] - 1, and `decided[b]` decided
+    columns that its rows may see (`step_mask`). Returns the rows' sequences and columns (numpy, in
+    packed order) and the `RaggedSlots` for the forward."""
+    active = np.nonzero(sizes)[0]
+    seqs = active[np.argsort(sizes[active], kind="stable")]  # by width, then by index
+    width = sizes[seqs]
+    b = np.repeat(seqs, width)
+    col = first[b] + np.arange(len(b)) - np.repeat(np.cumsum(width) - width, width)
+
+    def t(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
+
+    buckets, start = [], 0
+    # one bucket per run of consecutive sequences of one width: their cache is a view (a slice of the
+    # batch), never a gathered copy (a copy of every key of the step's sequences, per layer, costs more
+    # than the extra attention calls from n = 256 on)
+    cut = np.nonzero((np.diff(width) != 0) | (np.diff(seqs) != 1))[0] + 1
+    for group in np.split(seqs, cut):
+        w = int(sizes[group[0]])
+        cols = first[group][:, None] + np.arange(w)
+        allowed = step_mask(t(cols), t(decided[group])[:, None], int(cols.max()) + 1)
+        which = slice(int(group[0]), int(group[-1]) + 1)
+        buckets.append(Bucket(start, len(group), w, which, additive(allowed[:, None], dtype)))
+        start += len(group) * w
+    return b, col, RaggedSlots(t(b), t(col), buckets)
+
+
 class KVCache:
     """Static key/value buffers for every layer, plus the inference tables of the weights they were
     set up from."""
@@ -86,17 +163,28 @@ class KVCache:
                  device: torch.device | str, dtype: torch.dtype, conditions: Conditions | None = None,
                  attention: str = "sdpa"):
         shape = (n_layer, batch, n_head, capacity, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        store = storage_dtype(torch.device(device), dtype)
+        self.k = torch.zeros(shape, device=device, dtype=store)
+        self.v = torch.zeros(shape, device=device, dtype=store)
         self.batch, self.capacity = batch, capacity
         self.conditions = conditions
         self.attention = attention
         self._rows = torch.arange(batch, device=device)[:, None]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               cache_pos: int | torch.Tensor | PackedSlots, attn_mask: torch.Tensor | None) -> torch.Tensor:
+               cache_pos: int | torch.Tensor | PackedSlots | RaggedSlots,
+               attn_mask: torch.Tensor | None) -> torch.Tensor:
         """Write this forward's keys/values at `cache_pos` and attend over the cache: q, k, v are
-        (B, H, S, D), or (1, H, R, D) for packed rows; returns the attention output, same shape as q."""
+        (B, H, S, D), or (1, H, R, D) for packed rows; returns the attention output, same shape and
+        dtype as q (computed in the cache's dtype, `storage_dtype`)."""
+        if q.dtype != self.k.dtype:
+            out = q.dtype
+            q, k, v = q.to(self.k.dtype), k.to(self.k.dtype), v.to(self.k.dtype)
+            if attn_mask is not None and attn_mask.dtype.is_floating_point:
+                attn_mask = attn_mask.to(self.k.dtype)
+            return self.attend(layer, q, k, v, cache_pos, attn_mask).to(out)
+        if isinstance(cache_pos, RaggedSlots):
+            return self._attend_ragged(layer, q, k, v, cache_pos)
         if not isinstance(cache_pos, PackedSlots):
             span = attn_mask.shape[-1] if attn_mask is not None else cache_pos + q.shape[2]
             k, v = self.update(layer, k, v, cache_pos, span)
@@ -110,6 +198,22 @@ class KVCache:
         padded = padded.view(self.batch, where.width, H, D).transpose(1, 2)
         y = attention(padded, kc[:, :, :span], vc[:, :, :span], attn_mask, self.attention)
         return y.transpose(1, 2).reshape(-1, H, D).index_select(0, where.pad).transpose(0, 1)[None]
+
+    def _attend_ragged(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       where: RaggedSlots) -> torch.Tensor:
+        """Packed rows (1, H, R, D): keys written at their columns, then one attention call per width."""
+        kc, vc = self.k[layer], self.v[layer]
+        kc[where.batch, :, where.column] = k[0].transpose(0, 1)
+        vc[where.batch, :, where.column] = v[0].transpose(0, 1)
+        out = []
+        for bucket in where.buckets:
+            rows = q[0, :, bucket.start:bucket.start + bucket.count * bucket.width]  # (H, count * width, D)
+            qb = rows.unflatten(1, (bucket.count, bucket.width)).transpose(0, 1)
+            span = bucket.mask.shape[-1]
+            keys, values = kc[bucket.seqs, :, :span], vc[bucket.seqs, :, :span]
+            y = attention(qb, keys, values, bucket.mask, self.attention)
+            out.append(y.transpose(0, 1).flatten(1, 2))
+        return (out[0] if len(out) == 1 else torch.cat(out, dim=1))[None]
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, cache_pos: int | torch.Tensor,
                span: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -136,19 +136,40 @@ def probabilities(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     return w / w.sum(dim=-1, keepdim=True)
 
 
-def categorical(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+BLOCK = 256  # tokens per block of `categorical`'s two-level inversion
+
+
+def _below(target: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """`target` kept strictly below `total`: u < 1, but u * total can round up to total, and the
+    first cdf entry above it must never be a zero-weight token (trailing zeros have cdf == total)."""
+    return torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
+
+
+def categorical(weights: torch.Tensor, generator: torch.Generator | None = None,
+                dtype: torch.dtype | None = None) -> torch.Tensor:
     """One draw per row from unnormalised non-negative weights (R, V), by inverting the CDF.
 
-    Exact in the weights' precision (float64: one uniform of 53 bits per draw), and much cheaper
-    than torch.multinomial on the CPU. A zero-weight token is never drawn.
+    Exact in `dtype` (default the weights' own; float64: one uniform of 53 bits per draw), and much
+    cheaper than torch.multinomial on the CPU. A zero-weight token is never drawn. A large vocabulary
+    is inverted in two levels, as one cumulative sum would be: the sums of blocks of `BLOCK` tokens
+    (accumulated in `dtype`) choose the block, the cumulative sum inside that block alone chooses
+    the token, so only R x BLOCK weights are accumulated one by one instead of R x V.
     """
-    cdf = weights.cumsum(dim=-1)
-    total = cdf[:, -1:]
-    u = torch.rand(weights.shape[0], 1, dtype=weights.dtype, device=weights.device, generator=generator)
-    # u < 1, but u * total can round up to total: keep the target strictly below it, so the first
-    # cdf entry above it is never a zero-weight token (trailing zeros have cdf == total)
-    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    dtype = dtype or weights.dtype
+    R, V = weights.shape
+    u = torch.rand(R, 1, dtype=dtype, device=weights.device, generator=generator)
+    if V <= 2 * BLOCK:
+        cdf = weights.to(dtype).cumsum(dim=-1)
+        return torch.searchsorted(cdf, _below(u * cdf[:, -1:], cdf[:, -1:]), right=True).squeeze(-1)
+    nb = -(-V // BLOCK)
+    blocks = torch.nn.functional.pad(weights, (0, nb * BLOCK - V)).view(R, nb, BLOCK)
+    cdf = blocks.sum(dim=-1, dtype=dtype).cumsum(dim=-1)
+    target = _below(u * cdf[:, -1:], cdf[:, -1:])
+    j = torch.searchsorted(cdf, target, right=True)  # cdf[j - 1] <= target < cdf[j]: a block of positive weight
+    before = torch.where(j > 0, cdf.gather(1, (j - 1).clamp(min=0)), torch.zeros_like(target))
+    inner = blocks.gather(1, j[..., None].expand(R, 1, BLOCK))[:, 0].to(dtype).cumsum(dim=-1)
+    k = torch.searchsorted(inner, _below((target - before).clamp(min=0), inner[:, -1:]), right=True)
+    return (j * BLOCK + k).squeeze(-1)
 
 
 def sample_tokens(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None = None
@@ -159,4 +180,4 @@ def sample_tokens(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Ge
     if cfg.greedy:  # temperature and truncation cannot change the argmax
         limit = cfg.vocab_limit or logits.shape[-1]
         return logits[..., :limit].argmax(dim=-1)
-    return categorical(_weights(logits, cfg).to(cfg.dtype), generator)
+    return categorical(_weights(logits, cfg), generator, cfg.dtype)

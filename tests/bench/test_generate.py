@@ -10,14 +10,15 @@ import statistics
 import pytest
 import torch
 
-from aogpt.bench.generate import METHODS, bench_generate, check_methods
+from aogpt.bench.generate import METHODS, bench_generate, bench_lengths, check_methods, resolve_steps
 from aogpt.bench.generate_report import ratios
 from aogpt.errors import AOGPTError
 from tests.bench import TINY
 
 
 def test_generate_runs_every_method_and_writes_table_json_png(tmp_path):
-    res = bench_generate(n=12, batch=2, steps=[3, 12], size=TINY, methods=list(METHODS), repeats=2, out=tmp_path)
+    res = bench_generate(n=12, batch=2, steps=[3, 12], size=TINY, methods=list(METHODS), repeats=2, out=tmp_path,
+                         count_flops=False)
     assert set(res["seconds"]) == set(METHODS) and not res["skipped"]
     for m in ("gpt", "hf-gpt2"):  # left-to-right models always take n steps
         assert set(res["seconds"][m]) == {"12"}
@@ -31,6 +32,7 @@ def test_generate_runs_every_method_and_writes_table_json_png(tmp_path):
     # reach the linear layers, and the cache is never recomputed (at most 2n slots per sequence)
     assert res["slots"]["aogpt-count"]["12"] == 2 * 12 and res["padded_slots"]["aogpt-count"]["12"] == 0
     assert res["slots"]["aogpt"]["12"] <= 2 * 2 * 12 <= res["slots"]["aogpt-nocache"]["12"]
+    assert res["padded_slots"]["aogpt"]["3"] == res["padded_slots"]["aogpt"]["12"] == 0  # ragged steps: no padding
     r = res["ratios"]["12"]
     assert math.isclose(r["encoder/aogpt"], res["seconds"]["encoder"]["12"] / res["seconds"]["aogpt"]["12"])
     assert math.isclose(res["ratios"]["n"]["aogpt/gpt"], res["seconds"]["aogpt"]["12"] / res["seconds"]["gpt"]["12"])
@@ -84,7 +86,7 @@ def test_precisions_side_by_side(tmp_path):
     from aogpt.bench.generate import bench_generate
 
     res = bench_generate(n=6, batch=2, steps=[3], size=TINY, methods=["aogpt", "gpt"], repeats=1,
-                         dtypes="fp32,bf16", out=tmp_path)
+                         dtypes="fp32,bf16", out=tmp_path, count_flops=False)
     assert res["dtypes"] == ["fp32", "bf16"] and set(res["by_dtype"]) == {"fp32", "bf16"}
     assert res["by_dtype"]["bf16"]["precision"] == "bf16" and res["by_dtype"]["fp32"]["precision"] == "fp32"
     fp32, bf16 = res["by_dtype"]["fp32"]["seconds"], res["by_dtype"]["bf16"]["seconds"]
@@ -92,3 +94,33 @@ def test_precisions_side_by_side(tmp_path):
     assert res["by_dtype"]["bf16"]["slots"] == res["by_dtype"]["fp32"]["slots"]  # the same plan, other precision
     text = (tmp_path / "generate.md").read_text()
     assert "bf16 ÷ fp32" in text and "## In bf16" in text
+
+
+def test_steps_relative_to_n():
+    assert resolve_steps(["n", "n/8", "3"], 64) == [3, 8, 64] and resolve_steps(["n/8"], 4) == [1]
+    for bad in ("0", "n/0", "x", "n/"):
+        with pytest.raises(AOGPTError, match="bad steps list"):
+            resolve_steps([bad], 16)
+
+
+def test_several_lengths_per_step_times_and_flops(tmp_path):
+    """Two lengths in one report; milliseconds per step are the medians over the forwards; the
+    estimated encoder's FLOPs are T x one pass's, checked against the products counted by hand."""
+    res = bench_lengths([4, 8], ["n", "n/4"], batch=2, size=TINY, methods=["aogpt", "encoder", "gpt"], repeats=1,
+                        encoder_limit=0.0, dtypes=["fp32"], out=tmp_path)
+    assert res["lengths"] == [4, 8] and set(res["by_n"]) == {"4", "8"}
+    for n in (4, 8):
+        r = res["by_n"][str(n)]
+        assert r["steps"] == [n // 4, n] and r["encoder_estimated"] == {"encoder": [n // 4, n]}
+        assert "encoder" not in r["seconds"] or not r["seconds"]["encoder"]
+        for m, T in (("aogpt", n), ("aogpt", n // 4), ("gpt", n)):
+            assert math.isclose(r["ms_per_step"][m][str(T)], r["seconds"][m][str(T)] / r["forwards"][m][str(T)] * 1e3)
+            assert math.isclose(r["mfu"][m][str(T)],
+                                r["flops"][m][str(T)] / r["seconds"][m][str(T)] / r["matmul_rate"]["best"])
+        B, d, V, L = 2, TINY.n_embd, TINY.vocab_size, TINY.n_layer
+        for T in (n, n // 4):  # one full pass: q/k/v, out, MLP, attention's two products, the head on ceil(n/T)
+            trunk = 2 * B * n * L * (3 * d * d + d * d + 8 * d * d) + 4 * B * n * n * d * L
+            one = trunk + 2 * B * math.ceil(n / T) * d * V
+            assert r["flops"]["encoder-est"][str(T)] == T * one
+    md = (tmp_path / "generate.md").read_text()
+    assert "## n = 4" in md and "## n = 8" in md and "ms per step" in md and "(est.)" in md

@@ -44,6 +44,7 @@ from aogpt.bench.common import (
     write_outputs,
 )
 from aogpt.bench.generate_report import ratios, to_markdown
+from aogpt.bench.limits import counted_matmul_flops, matmul_rate, model_shapes
 from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
 
@@ -101,13 +102,46 @@ def _encoder_pass(model: Any, n: int, batch: int, T: int, seed: int) -> Callable
     return call
 
 
+def _estimate_slow_encoder(keys: list[tuple[str, int, str]], one_pass: Callable[[int, str], Callable[[], Any]],
+                           dev: torch.device, limit: float) -> tuple[list[tuple[str, int, str]], dict[str, list[int]]]:
+    """The timing keys with ``encoder`` replaced by ``encoder-est`` wherever T x one timed pass (the
+    run's cost without skipping) exceeds `limit` seconds; and the T values so replaced."""
+    out, estimated, seconds = [], [], {}
+    for m, T, d in keys:
+        if m == "encoder":
+            if d not in seconds:
+                seconds[d] = min(timed_cpu(one_pass(T, d), dev)[0] for _ in range(2))
+            if T * seconds[d] > limit:
+                m = "encoder-est"
+                estimated.append(T)
+        if (m, T, d) not in out:
+            out.append((m, T, d))
+    return out, ({"encoder": sorted(set(estimated))} if estimated else {})
+
+
+def _flops(T: int, forwards: int | None, run: Callable[[], Any], one_pass: Callable[[], Any],
+           encoder: bool) -> float:
+    """The matrix-product FLOPs of one run: counted in an untimed run, or for the encoder its forwards
+    x one pass's count (every pass has the same shape; only the head's few rows differ)."""
+    if encoder:
+        return counted_matmul_flops(one_pass()) * (forwards or T)
+    return counted_matmul_flops(run)
+
+
 def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | list[int] = DEFAULT_STEPS,
                    size: Size | None = None, methods: tuple[str, ...] | list[str] = DEFAULT_METHODS, repeats: int = 3,
                    long_run: float = 20.0, device: str = "cpu", seed: int = 0, top_p: float = 1.0,
                    temperature: float = 1.0, checkpoints: dict[str, Path] | None = None,
                    dtypes: str | list[str] | tuple[str, ...] | None = None, out: Path | None = None,
-                   progress: Callable[[int, str], None] | None = None) -> dict[str, Any]:
+                   progress: Callable[[int, str], None] | None = None, encoder_limit: float | None = None,
+                   count_flops: bool = True) -> dict[str, Any]:
     """Time every method at every T; write DIR/generate.{md,json,png} when `out` is given.
+
+    encoder_limit: run the encoder only at the T where T x one timed full pass stays under this many
+    seconds; elsewhere it is estimated (``encoder-est``, labelled so; None: always run). count_flops:
+    count every contender's matrix-product FLOPs in one extra untimed run (the encoder's as its
+    passes x one pass's) and report the model FLOPs utilisation against this machine's measured
+    matmul rate (`aogpt.bench.limits`).
 
     dtypes: the precisions the models' weights are in (``fp32``, ``bf16``, ``auto``; default auto:
     bf16 where the hardware has bf16 units). With several, every (method, T, precision) is timed in
@@ -170,8 +204,12 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
     for d in dtypes:
         for m in methods:  # warm-up: allocator, kernels, lazy imports; not timed
             timed_cpu(call(m, min(4, n), d, length=min(n, 16)), dev)
-    calls = {(m, T, d): call(m, T, d) for d in dtypes for m in methods
-             for T in (steps if METHODS[m].every_t else [n])}
+    keys = [(m, T, d) for d in dtypes for m in methods for T in (steps if METHODS[m].every_t else [n])]
+    estimated: dict[str, list[int]] = {}
+    if encoder_limit is not None and "encoder" in methods:
+        keys, estimated = _estimate_slow_encoder(keys, lambda T, d: call("encoder-est", T, d), dev, encoder_limit)
+        methods += ["encoder-est"] if estimated and "encoder-est" not in methods else []
+    calls = {key: call(*key) for key in keys}
     done = [0]
 
     def tick(key: tuple[str, int, str]) -> None:
@@ -183,13 +221,19 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
     base = {"benchmark": "generate", "n": n, "batch": batch, "steps": steps, "methods": methods, "skipped": skipped,
             "labels": {m: METHODS[m].label for m in methods}, "size": size.to_dict(), "repeats": repeats,
             "long_run_s": long_run, "seed": seed, "top_p": top_p, "temperature": temperature,
-            "checkpoints": {k: str(v) for k, v in checkpoints.items()}, "environment": environment(dev)}
-    by_dtype = {}
+            "checkpoints": {k: str(v) for k, v in checkpoints.items()}, "environment": environment(dev),
+            "encoder_estimated": estimated, "encoder_limit_s": encoder_limit}
+    by_dtype: dict[str, Any] = {}
+    counted: dict[tuple[str, int], float] = {}
     for d in dtypes:
         r: dict[str, Any] = {**base, "dtype": d, "precision": PRECISION_NAMES[precision[d][0]],
                              "precision_why": precision[d][1].replace(" autocast", " weights"),
                              **{k: {m: {} for m in methods} for k in ("seconds", "cpu_seconds", "runs", "forwards",
-                                                                       "slots", "padded_slots")}}
+                                                                       "slots", "padded_slots", "ms_per_step",
+                                                                       "flops", "mfu")}}
+        if count_flops:
+            r["matmul_rate"] = matmul_rate(model_shapes(batch, size.n_embd) + model_shapes(batch * n, size.n_embd),
+                                           weights[d], dev, repeats=3)
         for (m, T, dd), sec in timings.wall.items():
             if dd != d:
                 continue
@@ -197,11 +241,22 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
             r["seconds"][m][str(T)] = sec * factor
             r["cpu_seconds"][m][str(T)] = timings.cpu[(m, T, d)] * factor
             r["runs"][m][str(T)] = [w * factor for w in timings.wall_runs[(m, T, d)]]
+            forwards = T if METHODS[m].estimate else None
             if (m, T, d) in last:
                 t = last[(m, T, d)].timing
-                r["forwards"][m][str(T)] = int(t["forwards"])
+                forwards = r["forwards"][m][str(T)] = int(t["forwards"])
                 r["slots"][m][str(T)] = int(t["slot_evaluations"])
                 r["padded_slots"][m][str(T)] = int(t["padded_slots"])
+            elif METHODS[m].variant is None:
+                forwards = n
+            if forwards:
+                r["ms_per_step"][m][str(T)] = sec * factor / forwards * 1e3
+            if count_flops:  # the same in every precision: counted once
+                if (m, T) not in counted:
+                    counted[(m, T)] = _flops(T, forwards, calls[(m, T, d)], lambda T=T, d=d: call("encoder-est", T, d),
+                                             METHODS[m].variant == "encoder-mdm")
+                flops = r["flops"][m][str(T)] = counted[(m, T)]
+                r["mfu"][m][str(T)] = flops / (sec * factor) / r["matmul_rate"]["best"]
         r["ratios"] = ratios(r, "seconds")
         r["cpu_ratios"] = ratios(r, "cpu_seconds")
         by_dtype[d] = r
@@ -213,6 +268,49 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
         from aogpt.bench.plot import plot_generation
 
         main = by_dtype[dtypes[-1]]  # the plot shows the last precision asked for
+        result["files"] = write_outputs(out, "generate", to_markdown(result), result,
+                                        plot=lambda res, path: plot_generation(main, path))
+    return result
+
+
+def resolve_steps(specs: list[str] | tuple[str, ...], n: int) -> list[int]:
+    """Generation steps for length `n` from specs: an integer, ``n``, or ``n/K`` (n divided by K,
+    rounded down, at least 1), so one list serves several lengths."""
+    out = []
+    for spec in specs:
+        text = str(spec).strip().replace(" ", "")
+        try:
+            value = n if text == "n" else max(1, n // int(text[2:])) if text.startswith("n/") else int(text)
+            if value < 1 or text.startswith("n/") and int(text[2:]) < 1:
+                raise ValueError
+        except (ValueError, ZeroDivisionError):
+            raise AOGPTError(f"bad steps list entry {spec!r}",
+                             "give positive integers, n or n/K separated by commas, e.g. 16,64 or n,n/8") from None
+        out.append(value)
+    return sorted(set(out))
+
+
+def bench_lengths(lengths: list[int], steps: list[str] | tuple[str, ...], out: Path | None = None,
+                  **kwargs: Any) -> dict[str, Any]:
+    """`bench_generate` at every length (each its own interleaved rounds; `steps` as `resolve_steps`
+    specs); one report with a summary across lengths first (``by_n``). One length: its own report."""
+    if len(lengths) == 1:
+        return bench_generate(n=lengths[0], steps=resolve_steps(steps, lengths[0]), out=out, **kwargs)
+    progress, done = kwargs.pop("progress", None), [0]
+    by_n = {}
+    for n in lengths:
+        def tick(k: int, label: str, base: int = done[0], n: int = n) -> None:
+            done[0] = base + k
+            if progress is not None:
+                progress(base + k, f"n={n} {label}")
+
+        by_n[str(n)] = bench_generate(n=n, steps=resolve_steps(steps, n), progress=tick, **kwargs)
+    result: dict[str, Any] = {"benchmark": "generate", "lengths": list(lengths), "by_n": by_n}
+    if out is not None:
+        from aogpt.bench.plot import plot_generation
+
+        last = by_n[str(lengths[-1])]
+        main = last["by_dtype"][last["dtypes"][-1]] if "by_dtype" in last else last
         result["files"] = write_outputs(out, "generate", to_markdown(result), result,
                                         plot=lambda res, path: plot_generation(main, path))
     return result

@@ -68,9 +68,56 @@ def findings(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _precisions(result: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(precision, report) pairs of one length's result."""
+    if "by_dtype" in result:
+        return [(d, result["by_dtype"][d]) for d in result["dtypes"]]
+    return [(result.get("dtype", "auto"), result)]
+
+
+def across_lengths(result: dict[str, Any]) -> list[str]:
+    """The summary of a run at several lengths: per n, T and precision the milliseconds per step,
+    and the ratios at T = n; then a sentence on how the encoder's cost over AO-GPT's grows with n."""
+    rows, growth = [], {}
+    for n in result["lengths"]:
+        for d, r in _precisions(result["by_n"][str(n)]):
+            for T in sorted(r["steps"], reverse=True):
+                ms = r.get("ms_per_step", {})
+                enc = r["ratios"][str(T)].get("encoder/aogpt") or r["ratios"][str(T)].get("encoder-est/aogpt")
+                est = T in r.get("encoder_estimated", {}).get("encoder", []) or (
+                    r["ratios"][str(T)].get("encoder/aogpt") is None and enc is not None)
+                rows.append([str(n), str(T), d, *[_ms(ms.get(m, {}).get(str(T))) for m in ("aogpt", "gpt")],
+                             fmt_ratio(enc) + (" (est.)" if est and enc is not None else ""),
+                             fmt_ratio(r["ratios"]["n"].get("aogpt/gpt")) if T == n else ""])
+                if T == n and enc is not None:
+                    growth.setdefault(d, []).append((n, enc))
+    lines = ["# Generation speed at several lengths", "",
+             "Milliseconds per decode step (AO-GPT: Lemma 4.1 Bernoulli steps; GPT: one token per step) and the "
+             "encoder-only MDM's time over AO-GPT's, per length n, steps T and precision; each length timed in its "
+             "own interleaved rounds (details below).", "",
+             markdown_table(["n", "T", "precision", "AO-GPT ms/step", "GPT ms/step", "encoder ÷ AO-GPT",
+                             "AO-GPT ÷ GPT (T = n)"], rows), ""]
+    for d, pts in growth.items():
+        if len(pts) > 1:
+            (n0, r0), (n1, r1) = pts[0], pts[-1]
+            lines.append(f"- In {d}, at T = n the encoder takes {fmt_ratio(r0)} AO-GPT's time at n = {n0} and "
+                         f"{fmt_ratio(r1)} at n = {n1}: the encoder evaluates T x n slots (every position at every "
+                         "step), AO-GPT with its KV cache about 2n in all, so the gap widens with n (the paper's "
+                         "Finding 7).")
+    for n in result["lengths"]:
+        lines += ["", f"## n = {n}", "", to_markdown(result["by_n"][str(n)]).split("\n", 1)[1].lstrip()]
+    return lines
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def to_markdown(result: dict[str, Any]) -> str:
     """The report of one precision, or with several (``by_dtype``) their times side by side, then
-    each precision's report."""
+    each precision's report; with several lengths (``by_n``) a summary across them first."""
+    if "by_n" in result:
+        return "\n".join(across_lengths(result)).rstrip()
     if "by_dtype" not in result:
         return _one_precision(result)
     dtypes, by = result["dtypes"], result["by_dtype"]
@@ -119,6 +166,7 @@ def _one_precision(result: dict[str, Any]) -> str:
                          fmt_seconds(_get(result, "cpu_seconds", m, result["n"]))]
                         for m in result["methods"] if _get(result, "seconds", m, result["n"]) is not None]),
         "",
+        *_per_step(result),
         "Work done (forward passes; slot evaluations: real + padding):",
         "",
         markdown_table(["contender", *[f"T = {T}" for T in result["steps"]]],
@@ -128,9 +176,30 @@ def _one_precision(result: dict[str, Any]) -> str:
         "What this run shows:",
         *findings(result),
     ]
+    for T in result.get("encoder_estimated", {}).get("encoder", []):
+        lines.append(f"- The encoder at T = {T} was estimated as T x one timed pass (a run would take over "
+                     f"{result['encoder_limit_s']:g} s).")
     for m, why in result.get("skipped", {}).items():
         lines.append(f"- {m} was not run: {why}.")
     return "\n".join(lines)
+
+
+def _per_step(result: dict[str, Any]) -> list[str]:
+    """Milliseconds per step and the model FLOPs utilisation of every contender at every T."""
+    ms, mfu = result.get("ms_per_step", {}), result.get("mfu", {})
+    keys = [(m, T) for m in result["methods"] for T in result["steps"] + [result["n"]]
+            if ms.get(m, {}).get(str(T)) is not None]
+    keys = list(dict.fromkeys(keys))
+    if not keys:
+        return []
+    rate = result.get("matmul_rate")
+    where = (f" Utilisation: the counted matrix-product FLOPs over the time, against {rate['best'] / 1e9:.0f} "
+             f"GFLOP/s, the best rate this machine measured for the model's matrix shapes in {rate['dtype']}."
+             if rate else "")
+    rows = [[m, str(T), _ms(ms[m][str(T)]),
+             "-" if mfu.get(m, {}).get(str(T)) is None else f"{100 * mfu[m][str(T)]:.1f}%"] for m, T in keys]
+    return ["Per decode step (a forward pass; the estimated encoder: one timed pass)." + where, "",
+            markdown_table(["contender", "T", "ms per step", "FLOPs utilisation"], rows), ""]
 
 
 def _work(result: dict[str, Any], m: str, T: int) -> str:

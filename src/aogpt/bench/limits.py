@@ -60,9 +60,13 @@ def faster_of(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
 def counted_matmul_flops(fn: Callable[[], Any]) -> float:
     """The FLOPs of the matrix products (linear layers, attention's batched products) one call of
     `fn` runs, forward and backward, as torch's `FlopCounterMode` counts them."""
-    from torch.utils.flop_counter import FlopCounterMode
+    from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-    counter = FlopCounterMode(display=False)
+    def cpu_sdpa(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+        return sdpa_flop_count(query, key, value)  # torch counts SDPA's CUDA kernels, not its CPU one
+
+    counter = FlopCounterMode(display=False,
+                              custom_mapping={torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_sdpa})
     with counter:
         fn()
     return float(counter.get_total_flops())

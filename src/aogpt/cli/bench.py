@@ -42,9 +42,11 @@ def add_parser(subparsers: Any) -> None:
                        "the encoder-only MDM with and without no-op skipping, our left-to-right GPT and transformers' "
                        "GPT-2, at equal size, batch and n, side by side, over T; writes DIR/generate.md, .json and "
                        ".png (paper Figure 5). " + EPILOG)
-    g.add_argument("--n", type=LENGTH, default=None, help="sequence length (default 256; try 1024 on a GPU)")
+    g.add_argument("--n", default=None, metavar="N,N,...",
+                   help="sequence length(s) (default 256; try 1024 on a GPU); several: each timed in turn, one report")
     g.add_argument("--batch", type=BATCH, default=None, help="sequences per batch (default 8)")
-    g.add_argument("--steps", default=None, metavar="T,T,...", help="generation steps (default 16,32,64,128,256)")
+    g.add_argument("--steps", default=None, metavar="T,T,...",
+                   help="generation steps: integers, n or n/K (default 16,32,64,128,256)")
     g.add_argument("--methods", default=None, metavar="M,M,...",
                    help="aogpt, aogpt-count, aogpt-nocache, encoder, encoder-noskip, encoder-est (T x one timed "
                    "pass: for long n), gpt, hf-gpt2 (transformers GPT-2; default: all but encoder-est)")
@@ -55,6 +57,9 @@ def add_parser(subparsers: Any) -> None:
     g.add_argument("--repeats", type=REPEATS, default=None, help="runs per measurement, median reported (default 3)")
     g.add_argument("--long-run", type=LONG_RUN, default=20.0, metavar="S",
                    help="measurements whose first run takes longer than S seconds are not repeated (default 20)")
+    g.add_argument("--encoder-limit", type=LONG_RUN, default=None, metavar="S",
+                   help="run the encoder only where T x one timed pass is under S seconds, else estimate it "
+                   "(labelled; default: always run)")
     size_flags(g)
     run_flags(g)
     g.add_argument("--dtype", default="auto", metavar="P,P,...",
@@ -189,27 +194,35 @@ def _size(args: argparse.Namespace, quick: Any) -> Any:
 
 def run_generate(args: argparse.Namespace) -> int:
     from aogpt.bench import generate as bg
-    from aogpt.bench.common import parse_checkpoints, parse_int_list
+    from aogpt.bench.common import parse_checkpoints
 
     setup(args)
     q = bg.QUICK
-    steps = parse_int_list(args.steps, "steps") if args.steps else list(q["steps"] if args.quick else bg.DEFAULT_STEPS)
+    specs = [t.strip() for t in args.steps.split(",") if t.strip()] if args.steps else \
+        [str(t) for t in (q["steps"] if args.quick else bg.DEFAULT_STEPS)]
     methods = bg.check_methods([m.strip() for m in args.methods.split(",")]) if args.methods \
         else list(bg.DEFAULT_METHODS)
-    n = _pick(args.n, q, "n", 256, args.quick)
+    try:
+        lengths = [LENGTH(v) for v in args.n.split(",") if v.strip()] if args.n else [q["n"] if args.quick else 256]
+    except (argparse.ArgumentTypeError, ValueError) as e:
+        raise AOGPTError(f"argument --n: {e}", "give lengths separated by commas, e.g. --n 128,512") from None
+    if not lengths:
+        raise AOGPTError(f"bad --n {args.n!r}", "give lengths separated by commas, e.g. --n 128,512")
+    lengths = sorted(set(lengths))
+    steps = {n: bg.resolve_steps(specs, n) for n in lengths}
     repeats = _pick(args.repeats, q, "repeats", 3, args.quick)
     from aogpt.bench.train_step import parse_dtypes
 
     dtypes = parse_dtypes(args.dtype)
-    total = repeats * len(dtypes) * sum(len(steps) if bg.METHODS[m].every_t else 1 for m in methods)
+    total = repeats * len(dtypes) * sum(len(steps[n]) if bg.METHODS[m].every_t else 1 for n in lengths for m in methods)
     bar, update = progress_bar(total, args, "bench generate")
     try:
-        result = bg.bench_generate(
-            n=n, batch=_pick(args.batch, q, "batch", 8, args.quick), steps=steps, size=_size(args, q["size"]),
+        result = bg.bench_lengths(
+            lengths, specs, batch=_pick(args.batch, q, "batch", 8, args.quick), size=_size(args, q["size"]),
             methods=methods, repeats=repeats, long_run=args.long_run, top_p=args.top_p, temperature=args.temperature,
             device=args.device, seed=args.seed,
             checkpoints=parse_checkpoints(args.checkpoint, ("aogpt", "gpt", "encoder-mdm")), dtypes=dtypes,
-            out=args.out, progress=update)
+            out=args.out, progress=update, encoder_limit=args.encoder_limit)
     finally:
         bar.close()
     from aogpt.bench.generate_report import to_markdown

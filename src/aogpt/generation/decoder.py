@@ -29,8 +29,9 @@ samples and scatters: no host-side bookkeeping, no device-to-host synchronisatio
 Batches: when every sequence has the same (L, g, k) (the ``count`` policy) the step is a (B, S)
 block written from one int column, and a single-slot step needs no mask at all. Otherwise
 (Lemma 4.1's ragged steps) the real slots of all sequences are *packed* into one row dimension, so
-the linear layers do exactly the real work; only attention uses a padded (B, S) layout
-(`aogpt.kv_cache.PackedSlots`). A sequence with k_b = 0 sits the step out.
+the linear layers do exactly the real work, and attention runs once per run of consecutive
+sequences of one width (`aogpt.kv_cache.RaggedSlots`): no slot anywhere is padding. A sequence
+with k_b = 0 sits the step out.
 
 ``use_cache=False`` is the same step with L_b = 0: all decided slots are recomputed every step (the
 benchmark's baseline and a test oracle for the cache logic).
@@ -46,7 +47,7 @@ import torch
 
 from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
-from aogpt.kv_cache import PackedSlots, additive, step_mask
+from aogpt.kv_cache import RaggedSlots, additive, ragged_rows, step_mask
 from aogpt.sampling import SamplingConfig, sample_tokens
 
 
@@ -66,7 +67,7 @@ class Step:
     gather: torch.Tensor
     pos: torch.Tensor
     target: torch.Tensor
-    cache_pos: int | PackedSlots
+    cache_pos: int | torch.Tensor | RaggedSlots
     mask: torch.Tensor | None
     select: torch.Tensor | None
     dest: torch.Tensor
@@ -81,8 +82,9 @@ class _Planner:
     """Turns per-step counts into `Step`s, tracking each sequence's decided (g) and cached (L) slots."""
 
     def __init__(self, B: int, n: int, m: int, use_cache: bool, pos: torch.Tensor, tgt: torch.Tensor,
-                 dtype: torch.dtype):
+                 dtype: torch.dtype, static: bool = False):
         self.B, self.n, self.use_cache, self.pos, self.tgt, self.dtype = B, n, use_cache, pos, tgt, dtype
+        self.static = static and use_cache
         self.dev = pos.device
         self.L = np.zeros(B, dtype=np.int64)
         self.g = np.full(B, m, dtype=np.int64)
@@ -110,36 +112,32 @@ class _Planner:
         content = np.minimum(cols, g)
         b = np.arange(B)[:, None]
         cols_t = self._t(cols)
-        mask = None if S == 1 else additive(step_mask(cols_t, g, L + S)[None, None], self.dtype)
         select = None if c == 0 else self._t(c + np.arange(k)).expand(B, k)
         query = g + np.arange(k)
-        return Step(self._t(b * (n + 2) + content), self.pos[:, self._t(content)], self.tgt[:, cols_t], L, mask, select,
+        where: int | torch.Tensor = L
+        if self.static:  # fixed shapes for a compiled step: columns as a tensor, the mask over the whole cache
+            where = cols_t.expand(B, S)
+            mask = additive(step_mask(cols_t, g, n + 1)[None, None], self.dtype)
+        else:
+            mask = None if S == 1 else additive(step_mask(cols_t, g, L + S)[None, None], self.dtype)
+        return Step(self._t(b * (n + 2) + content), self.pos[:, self._t(content)], self.tgt[:, cols_t], where, mask,
+                    select,
                     self._t(b * (n + 2) + query + 1).reshape(-1), self._t(b * n + query).reshape(-1),
                     B * k, B * S, 0)
 
     def _packed(self, k: np.ndarray, L: np.ndarray) -> Step:
-        """Ragged counts: the real rows of all sequences in one row dimension (module docstring)."""
-        B, n, g = self.B, self.n, self.g
+        """Ragged counts: the real rows of all sequences in one row dimension, bucketed by width for
+        attention (`aogpt.kv_cache.ragged_rows`): no padding anywhere."""
+        n, g = self.n, self.g
         sizes = np.where(k > 0, g - L + k, 0)
-        R, W = int(sizes.sum()), int(sizes.max())
-        b = np.repeat(np.arange(B), sizes)
-        s = np.arange(R) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-        col = L[b] + s
+        b, col, where = ragged_rows(sizes, L, g, self.dtype, self.dev)
         content = np.minimum(col, g[b])
         query = col >= g[b]
-        span = int(col.max()) + 1
         b_t, col_t = self._t(b), self._t(col)
-        pad_cols = L[:, None] + np.arange(W)
-        real = np.arange(W) < sizes[:, None]
-        a = torch.arange(span, device=self.dev)
-        mask = step_mask(self._t(pad_cols), self._t(g)[:, None], span) | self._t(~real)[..., None].bool() & (a == 0)
-        where = PackedSlots(b_t, col_t, self._t(b * W + s), W)
         qb, qcol = b[query], col[query]
         return Step(self._t(b * (n + 2) + content)[None], self.pos[b_t, self._t(content)][None],
-                    self.tgt[b_t, col_t][None], where, additive(mask[:, None], self.dtype),
-                    self._t(np.nonzero(query)[0])[None],
-                    self._t(qb * (n + 2) + qcol + 1), self._t(qb * n + qcol), int(query.sum()), R, B * W - R)
-
+                    self.tgt[b_t, col_t][None], where, None, self._t(np.nonzero(query)[0])[None],
+                    self._t(qb * (n + 2) + qcol + 1), self._t(qb * n + qcol), int(query.sum()), len(b), 0)
 
     def _padded(self, k: np.ndarray) -> Step:
         """Ragged counts without a cache: every decided slot recomputed, sequences padded to (B, W)."""
@@ -163,23 +161,29 @@ class _Planner:
 
 
 def plan_steps(counts: np.ndarray, m: int, use_cache: bool, pos: torch.Tensor, tgt: torch.Tensor,
-               dtype: torch.dtype = torch.float32) -> list[Step]:
+               dtype: torch.dtype = torch.float32, static: bool = False) -> list[Step]:
     """Every forward of a batch decoded with `counts` (B, T) revealed per step, `m` known tokens first
-    (attention masks in `dtype`). Steps that reveal nothing run no forward (pending catch-ups wait)."""
+    (attention masks in `dtype`). Steps that reveal nothing run no forward (pending catch-ups wait).
+    `static`: uniform steps get shapes that do not grow with the cache (for a compiled step)."""
     B, n = pos.shape[0], pos.shape[1] - 1
-    planner = _Planner(B, n, m, use_cache, pos, tgt, dtype)
+    planner = _Planner(B, n, m, use_cache, pos, tgt, dtype, static)
     return [planner.step(counts[:, i]) for i in range(counts.shape[1]) if counts[:, i].any()]
 
 
-def compiled(fn: Callable, how: bool | str, device: torch.device) -> Callable:
+def compiled(fn: Callable, how: bool | str, device: torch.device, dynamic: bool = True) -> Callable:
     """`fn` itself, or torch.compile'd: ``True`` is inductor (CUDA graphs with mode reduce-overhead on
-    CUDA; shapes marked dynamic so a growing cache does not recompile every step); a string names a
-    backend (``eager`` captures the graph without generating code: what the tests use)."""
+    CUDA; kernels kept on disk across runs, `aogpt.compiling`); a string names a backend (``eager``
+    captures the graph without generating code: what the tests use). `dynamic`: shapes symbolic (a
+    growing cache does not recompile every step); False for steps whose shapes are fixed."""
     if not how:
         return fn
     if isinstance(how, str):
-        return torch.compile(fn, backend=how, dynamic=True)
-    return torch.compile(fn, mode="reduce-overhead" if device.type == "cuda" else None, dynamic=True)
+        return torch.compile(fn, backend=how, dynamic=dynamic)
+    from aogpt.compiling import check_compiler, use_persistent_cache
+
+    check_compiler(device)
+    use_persistent_cache()
+    return torch.compile(fn, mode="reduce-overhead" if device.type == "cuda" else None, dynamic=dynamic)
 
 
 class DecoderSampler:
@@ -198,9 +202,14 @@ class DecoderSampler:
         pos = torch.cat([torch.zeros_like(chain[:, :1]), chain + 1], dim=1)
         tgt = torch.cat([chain, torch.full_like(chain[:, :1], model.config.block_size)], dim=1)
         use_cache = settings.use_cache
-        self.steps = plan_steps(plan, m, use_cache, pos, tgt, next(model.parameters()).dtype)
+        static = bool(settings.compile) and use_cache
         self.cache = model.setup_cache(B, n + 1, settings.attention) if use_cache else None
-        self.forward = compiled(model.forward_slots, settings.compile, dev)
+        mask_dtype = self.cache.k.dtype if use_cache else next(model.parameters()).dtype  # what attention runs in
+        self.steps = plan_steps(plan, m, use_cache, pos, tgt, mask_dtype, static)
+        # compiled: the uniform steps, whose shapes are fixed (`static`: full-cache masks, columns as
+        # tensors); ragged Lemma 4.1 steps change shape every step and run eagerly
+        self.forward = compiled(model.forward_slots, settings.compile, dev, dynamic=not static)
+        self.eager = model.forward_slots if static else self.forward
         self.conditions = None if use_cache else model.conditions()  # adaLN tables, computed once
         self.logits: torch.Tensor | None = None
         if record:
@@ -219,7 +228,8 @@ class DecoderSampler:
             progress: Callable[[int], None] | None) -> torch.Tensor:
         flat = self.ychain.view(-1)
         for step in self.steps:
-            logits = self.forward(flat[step.gather], step.pos, step.target, attn_mask=step.mask,
+            forward = self.eager if isinstance(step.cache_pos, RaggedSlots) else self.forward
+            logits = forward(flat[step.gather], step.pos, step.target, attn_mask=step.mask,
                                               cache=self.cache, cache_pos=step.cache_pos, select=step.select,
                                               conditions=self.conditions)
             logits = logits.reshape(-1, logits.shape[-1])

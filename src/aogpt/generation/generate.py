@@ -142,8 +142,9 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
     decoding, `aogpt.generation.speculative`; replaces steps and policy),
     temperature, top_p, top_k, greedy, dtype (precision of the draw, default float64),
     batch_size (default 32), use_cache, prepack (CPU: decode weights packed once, `aogpt.inference`),
-    attention ("sdpa" or "flex"), compile (torch.compile the decode step), skip_noop (an encoder
-    skips the forward of steps that reveal nothing, docs/encoder.md).
+    attention (the decode attention kernel, `aogpt.attention.KERNELS`; default auto), compile
+    (torch.compile the decode step), skip_noop (an encoder skips the forward of steps that reveal
+    nothing, docs/encoder.md).
     prompt: a prefix (text, needs `tokenizer`, or ids). teacher_tokens (N, n): feed these back instead
     of sampling (tests); record_logits keeps every query's logits. on_step: called after every step
     with the positions it revealed (`aogpt.generation.reveal.Revealed`). See docs/generation.md.
@@ -221,7 +222,9 @@ def _run(req: _Request, progress: Callable[[int], None] | None) -> tuple[list[_B
     """Decode every batch in inference mode (the model's training flag restored after); the batches
     and the seconds taken."""
     model = req.model
-    runner = for_inference(model, rows_hint=req.batch_size) if req.settings.prepack else model
+    # oneDNN's pre-packed weights are opaque to inductor: a compiled step runs the plain linear layers
+    prepack = req.settings.prepack and not req.settings.compile
+    runner = for_inference(model, rows_hint=req.batch_size) if prepack else model
     device = next(model.parameters()).device
     batches = []
     was_training = model.training

@@ -89,7 +89,7 @@ class GenerationSettings:
     batch_size: int = bounded(32, ge=1, le=2**20)
     use_cache: bool = True
     prepack: bool = True  # CPU: decode-path weights packed once for oneDNN (`aogpt.inference`)
-    attention: str = "sdpa"  # decode attention kernel: "sdpa" (reference) or "flex" (FlexAttention)
+    attention: str = "auto"  # decode attention kernel (`aogpt.attention`): auto (explicit for bf16 on a CPU), sdpa, ...
     compile: bool | str = False  # torch.compile the decode step (True: inductor; or a backend name)
     skip_noop: bool = True  # encoder: skip the forward of steps that reveal nothing (MDLM's trick)
 

@@ -1,0 +1,41 @@
+"""`aogpt.inference.for_inference`: the packed copy is reused while the weights are unchanged and
+rebuilt when any weight changes (in place, by dtype, or by a new row hint)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from aogpt.generation.generate import generate
+from aogpt.inference import for_inference, packing_available
+from tests.generation.test_generate import tiny_model
+
+pytestmark = pytest.mark.skipif(not packing_available(tiny_model("aogpt", vocab=8, block=4, dtype=torch.float32)),
+                                reason="no oneDNN packing on this machine")
+
+
+def test_packed_copy_is_reused_until_a_weight_changes():
+    model = tiny_model("aogpt", vocab=16, block=8, dtype=torch.float32)
+    first = for_inference(model)
+    assert for_inference(model) is first
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2)  # in place: the version moves
+    second = for_inference(model)
+    assert second is not first and torch.equal(second.lm_head.weight, model.lm_head.weight)
+    assert for_inference(model, rows_hint=4) is not second
+    model.to(torch.bfloat16)
+    assert for_inference(model).lm_head.packed.dtype == torch.bfloat16
+
+
+def test_generation_after_a_weight_change_uses_the_new_weights():
+    model = tiny_model("aogpt", vocab=16, block=8, dtype=torch.float32)
+    kw = dict(num_samples=4, length=8, steps=4, seed=1, record_logits=True)
+    generate(model, **kw)  # packs and keeps the copy
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.5)
+    fresh = copy.deepcopy(model)  # never packed before
+    a, b = generate(model, **kw), generate(fresh, **kw)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.logits, b.logits)
