@@ -66,6 +66,8 @@ CANDIDATES: dict[str, Callable[[int], dict[str, Any]]] = {
     "recipe-distill0": lambda f: {"distill_l2r": 0.0, "replay_l2r": 0.5},
     "recipe-kl3": lambda f: {"distill_l2r": 3.0},
     "recipe-backbone0.3": lambda f: {"backbone_lr_mult": 0.3},
+    "recipe-backbone1": lambda f: {"backbone_lr_mult": 1.0},
+    "recipe-target3": lambda f: {"target_lr_mult": 3.0},
     "recipe-backbone0.03": lambda f: {"backbone_lr_mult": 0.03},
     "recipe-slow-ramp": _ramp,
     "recipe-no-ramp": lambda f: {"curriculum": "l2r@10"},

@@ -164,7 +164,7 @@ def train_steps(t: Trainer, bar: Any, until: int | None = None, budgeted: bool =
             break
         if t.step % cfg.eval_interval == 0:
             t.log({"kind": "eval", "step": t.step, **t.evaluate()})
-            if t.source_eval and t.show_progress:
+            if t.source_eval and t.info.is_main:  # also without a progress bar: what fine-tuning is judged by
                 print(f"step {t.step:,}: {against_source(t.last_eval, t.source_eval)}", file=sys.stderr, flush=True)
             t.plot()
             window.restart_clock()

@@ -113,3 +113,16 @@ def against_source(scores: dict[str, float], source: dict[str, float], weights: 
             continue
         parts.append(f"{label} {now:.3f} (source {then:.3f}, {now - then:+.3f})")
     return f"validation, {weights} weights, {unit}: " + "; ".join(parts)
+
+
+def describe(cfg: TrainConfig) -> str:
+    """The plan line's words for the recipe's fields ("" when none is in use)."""
+    parts = []
+    if cfg.backbone_lr_mult != 1.0 or cfg.target_lr_mult != 1.0:
+        backbone, target = cfg.lr * cfg.backbone_lr_mult, cfg.lr * cfg.target_lr_mult
+        parts.append(f"rates: backbone {backbone:g}, target pathway {target:g} at the peak")
+    if cfg.replay_l2r > 0:
+        parts.append(f"{100 * cfg.replay_l2r:g}% of the sequences replayed left to right")
+    if cfg.distill_l2r > 0:
+        parts.append(f"left-to-right sequences distilled towards the start (KL weight {cfg.distill_l2r:g})")
+    return "; ".join(parts)
