@@ -8,10 +8,12 @@ import torch
 
 from aogpt.adaptation import RECIPE, adapt
 from aogpt.config import ADAPT_RECIPE, train_config
+from aogpt.memory import training_bytes
 from aogpt.orders import make_curriculum
 from aogpt.train import RandomTokens, Trainer
-from aogpt.train.planning import plan
+from aogpt.train.planning import dry_run_report, plan
 from aogpt.train.recipe import left_to_right_rows
+from aogpt.train.throughput import flops_per_token
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
@@ -21,6 +23,13 @@ def test_the_adapt_recipe_applies_to_an_adapted_model(hf_models, tmp_path, arch)
     p = plan(tmp_path / "run", init_from=str(tmp_path / "adapted"), dry_run=True)
     assert p.preset == RECIPE and p.model_cfg.variant == "aogpt" and "recipe: adapt" in p.recipe_why
     assert {k: getattr(p.train_cfg, k) for k in ADAPT_RECIPE} == ADAPT_RECIPE
+    # the dry run counts the teacher: its fp32 weights, and a forward on the left-to-right share of the rows
+    report = dry_run_report(p, 100.0)
+    n, share = report["parameters"], ADAPT_RECIPE["replay_l2r"] + (1 - ADAPT_RECIPE["replay_l2r"]) * 0.1
+    alone = training_bytes(p.model_cfg, p.train_cfg.batch_size, 1, False, params=n)
+    assert report["memory per device (GiB)"] == round((alone + 4 * n) / 2**30, 2)
+    assert float(report["training FLOPs per token"]) == pytest.approx(
+        flops_per_token(p.model_cfg, p.model_cfg.block_size) * (1 + share / 3), rel=1e-3)
     cfg = train_config(RECIPE, "aogpt", init_from=str(tmp_path / "adapted"), batch_size=4, max_minutes=0.0,
                        weight_decay=0.0, max_steps=1000)
     t = Trainer(adapted.config, cfg, RandomTokens(250), None, show_progress=False)

@@ -40,6 +40,7 @@ from aogpt.families import family
 from aogpt.io import directory_lock, ensure_writable_dir, remove_stale_temporaries, write_json
 from aogpt.memory import check_fits, parameter_count, training_bytes
 from aogpt.train import distributed
+from aogpt.train.recipe import left_to_right_share, teacher_cost
 from aogpt.train.step import accumulation_steps
 from aogpt.train.throughput import flops_per_token
 from aogpt.train.trainer import Trainer
@@ -404,9 +405,10 @@ def dry_run_report(plan: RunPlan, assume_tflops: float) -> dict[str, Any]:
     world = plan.info.world_size
     accum = accumulation_steps(tc, world, cfg.block_size)
     tokens_per_step = world * tc.batch_size * accum * cfg.block_size
-    memory = training_bytes(cfg, tc.batch_size, world, tc.fsdp, params=n_params)
+    teacher_bytes, teacher_flops = teacher_cost(tc, n_params)  # distillation's frozen start (aogpt.train.recipe)
+    memory = training_bytes(cfg, tc.batch_size, world, tc.fsdp, params=n_params) + teacher_bytes
     T, d, L = cfg.block_size, cfg.n_embd, cfg.n_layer
-    fpt = flops_per_token(cfg, T)
+    fpt = flops_per_token(cfg, T) * (1.0 + teacher_flops)
     seconds = fpt * tokens_per_step / (assume_tflops * 1e12 * world)
     return {
         "variant": cfg.variant,
@@ -419,7 +421,12 @@ def dry_run_report(plan: RunPlan, assume_tflops: float) -> dict[str, Any]:
         "accumulation steps": accum,
         "tokens per step": tokens_per_step,
         "order": tc.order,
+        "recipe": plan.preset or "-",
         "lr": tc.lr,
+        "backbone / target pathway lr": f"{tc.lr * tc.backbone_lr_mult:g} / {tc.lr * tc.target_lr_mult:g}",
+        "left-to-right share (replay)": f"{left_to_right_share(tc):.3f} ({tc.replay_l2r:g})",
+        "distillation (KL weight)": f"{tc.distill_l2r:g}" + (f", teacher {teacher_bytes / 2**30:.2f} GiB"
+                                                              if teacher_bytes else ""),
         "ema decay": tc.ema_decay,
         "max steps": tc.max_steps,
         "memory per device (GiB)": round(memory / 2**30, 2),

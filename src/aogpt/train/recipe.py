@@ -126,3 +126,21 @@ def describe(cfg: TrainConfig) -> str:
     if cfg.distill_l2r > 0:
         parts.append(f"left-to-right sequences distilled towards the start (KL weight {cfg.distill_l2r:g})")
     return "; ".join(parts)
+
+
+def left_to_right_share(cfg: TrainConfig) -> float:
+    """The expected share of sequences read left to right once the curriculum is over: replayed ones, and
+    the run's own order's (a mixture's left-to-right share; all of them for left to right)."""
+    from aogpt.orders import Mixture, make_order_sampler
+
+    final = make_order_sampler(cfg.order)
+    own = 1.0 if final.left_to_right else (final.p_l2r if isinstance(final, Mixture) else 0.0)
+    return cfg.replay_l2r + (1.0 - cfg.replay_l2r) * own
+
+
+def teacher_cost(cfg: TrainConfig, params: int) -> tuple[int, float]:
+    """What distillation adds: the teacher's fp32 weights in bytes, and its forward on the left-to-right
+    sequences as a share of a training step's FLOPs (a forward is about a third of forward + backward)."""
+    if cfg.distill_l2r <= 0:
+        return 0, 0.0
+    return 4 * params, left_to_right_share(cfg) / 3
