@@ -52,6 +52,9 @@ def _plain(steps: int) -> dict[str, Any]:
             "distill_l2r": 0.0, **any_order_start(ORDER, steps)}
 
 
+FAST = {"curriculum": "l2r@10,mallows:4..0.05@60"}  # a short ramp: near uniform orders after 60 steps
+
+
 def _ramp(steps: int) -> dict[str, Any]:
     return {"curriculum": f"l2r@10,mallows:4..0.05@{max(11, steps)}"}
 
@@ -72,6 +75,10 @@ CANDIDATES: dict[str, Callable[[int], dict[str, Any]]] = {
     "recipe-slow-ramp": _ramp,
     "recipe-no-ramp": lambda f: {"curriculum": "l2r@10"},
     "pathway-only": lambda f: {"freeze_backbone_steps": f},
+    "recipe-target10": lambda f: {"target_lr_mult": 10.0},
+    "recipe-fast": lambda f: {"target_lr_mult": 10.0, **FAST},
+    "recipe-fast-backbone0.3": lambda f: {"target_lr_mult": 10.0, "backbone_lr_mult": 0.3, **FAST},
+    "recipe-fast-backbone1": lambda f: {"target_lr_mult": 10.0, "backbone_lr_mult": 1.0, **FAST},
 }
 
 
