@@ -197,17 +197,17 @@ DEVICE = re.compile(r"auto|cpu|cuda(:\d{1,3})?|mps")
 
 
 # Fine-tuning an adapted model so it keeps its source's left-to-right quality (aogpt.train.recipe; measured in
-# docs/adapt.md): the backbone at a tenth of the rate with no re-warm-up to a pre-training peak, the target pathway
-# at the full rate, a quarter of the sequences replayed left to right and distilled towards the source, and the
-# orders from left to right through a Mallows ramp to AO-GPT's mixture. Stages are in steps: `--max-minutes` runs
-# as many steps as fit and the stages begin where they would in any run.
+# docs/adapt.md): the backbone at a tenth of the rate with no re-warm-up to a pre-training peak, the new target
+# pathway at ten times it, a quarter of the sequences replayed left to right and distilled towards the source, and
+# the orders from left to right through a short Mallows ramp to AO-GPT's mixture. Stages are in steps:
+# `--max-minutes` runs as many steps as fit and the stages begin where they would in any run.
 ADAPT_RECIPE: dict[str, Any] = dict(
     batch_size=16, max_steps=100_000, max_minutes=10.0, lr=3e-3, min_lr=3e-4, warmup_steps=10,
-    backbone_lr_mult=0.1, target_lr_mult=1.0, replay_l2r=0.25, distill_l2r=1.0, order="mixture",
-    curriculum="l2r@10,mallows:4..0.05@200", lr_schedule="wsd", decay_share=0.2, eval_interval=250,
+    backbone_lr_mult=0.1, target_lr_mult=10.0, replay_l2r=0.25, distill_l2r=1.0, order="mixture",
+    curriculum="l2r@10,mallows:4..0.05@60", lr_schedule="wsd", decay_share=0.2, eval_interval=250,
     eval_batches=8, log_interval=10, ckpt_interval=1000, ema_decay=0.99)
-ADAPT_WHY = ("the recipe measured for adapted checkpoints (docs/adapt.md): backbone at a tenth of the rate, "
-             "left-to-right replay and distillation towards the source, orders from left to right to any order")
+ADAPT_WHY = ("the recipe measured for adapted checkpoints in docs/adapt.md: it keeps the source's left-to-right "
+             "quality while the new target pathway learns the other orders")
 
 # Named presets: model sizes and the training recipe that goes with them.
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {

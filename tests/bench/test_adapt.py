@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from aogpt.bench.adapt import CANDIDATES, _plain
+from aogpt.bench.adapt import BASE, CANDIDATES, MEASURED, _plain
 from aogpt.bench.adapt_report import summary, to_markdown
 from aogpt.config import ADAPT_RECIPE, train_config
 
@@ -52,3 +52,7 @@ def test_every_candidate_is_a_valid_adapt_recipe():
     quick = train_config("quickstart", "aogpt")
     assert (plain.lr, plain.min_lr, plain.warmup_steps) == (quick.lr, quick.min_lr, quick.warmup_steps)
     assert plain.curriculum != ADAPT_RECIPE["curriculum"] and plain.target_lr_mult == 10.0
+
+
+def test_the_adapt_preset_is_the_measured_candidate():
+    assert {**BASE, **CANDIDATES[MEASURED](300)} == ADAPT_RECIPE

@@ -114,7 +114,8 @@ def to_markdown(result: dict[str, Any]) -> str:
                   fmt(s[f"F{f}/scratch/any"])]]
         table += [[f"adapted + {c}", _cell(rows, f"{c}/F{f}", "steps"), _cell(rows, f"{c}/F{f}", "cpu_seconds"),
                    fmt(s[f"F{f}/{c}/l2r"]), fmt(s[f"F{f}/{c}/any"])] for c in result["candidates"]]
-        lines += ["", f"## F = {f} fine-tuning steps", "",
+        seeds = [str(r["seed"]) for r in rows if f"scratch/F{f}" in r]
+        lines += ["", f"## F = {f} fine-tuning steps (seeds {', '.join(seeds) or 'none yet'})", "",
                   markdown_table(["path", "steps", "CPU s", "left to right", "random order"], table), ""]
         diffs = [[c, fmt(s[f"F{f}/{c}-source/l2r"]), fmt(s[f"F{f}/{c}-l2rmore/l2r"]), fmt(s[f"F{f}/{c}-scratch/l2r"]),
                   fmt(s[f"F{f}/{c}-scratch/any"]), fmt(s[f"F{f}/{c}-start/any"]), fmt(s[f"F{f}/{c}-own/any"])]
