@@ -150,6 +150,14 @@ class TrainConfig:
     init_open_gates: bool = False  # adaLN gates start at 1 (every block works from step 0), not at 0
     # The first N steps train the target pathway only, the rest of the model (an adapted backbone) held fixed.
     freeze_backbone_steps: int = bounded(0, ge=0, le=STEPS_MAX)
+    # Fine-tuning an adapted model (aogpt.train.recipe, docs/adapt.md): the backbone's rate is lr x this (a
+    # pretrained backbone learns slowly, the new target pathway at lr x target_lr_mult); a share of every step's
+    # sequences read left to right on top of the stage's orders (replay, after the curriculum's left-to-right
+    # stages); and a distillation weight: the KL divergence of the frozen start (the source, read left to right)
+    # to the model on the left-to-right sequences, added to the loss.
+    backbone_lr_mult: float = bounded(1.0, gt=0, le=1000)
+    replay_l2r: float = bounded(0.0, ge=0, le=1)
+    distill_l2r: float = bounded(0.0, ge=0, le=1000)
     eval_interval: int = bounded(100, ge=1, le=STEPS_MAX)
     eval_batches: int = bounded(8, ge=1, le=10**6)
     eval_orders_seed: int = bounded(1234, ge=0, le=SEED_MAX)
@@ -188,6 +196,19 @@ DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 DEVICE = re.compile(r"auto|cpu|cuda(:\d{1,3})?|mps")
 
 
+# Fine-tuning an adapted model so it keeps its source's left-to-right quality (aogpt.train.recipe; measured in
+# docs/adapt.md): the backbone at a tenth of the rate with no re-warm-up to a pre-training peak, the new target
+# pathway at ten times it, a quarter of the sequences replayed left to right and distilled towards the source, and
+# the orders from left to right through a short Mallows ramp to AO-GPT's mixture. Stages are in steps:
+# `--max-minutes` runs as many steps as fit and the stages begin where they would in any run.
+ADAPT_RECIPE: dict[str, Any] = dict(
+    batch_size=16, max_steps=100_000, max_minutes=10.0, lr=3e-3, min_lr=3e-4, warmup_steps=10,
+    backbone_lr_mult=0.1, target_lr_mult=10.0, replay_l2r=0.25, distill_l2r=1.0, order="mixture",
+    curriculum="l2r@10,mallows:4..0.05@60", lr_schedule="wsd", decay_share=0.2, eval_interval=250,
+    eval_batches=8, log_interval=10, ckpt_interval=1000, ema_decay=0.99)
+ADAPT_WHY = ("the recipe measured for adapted checkpoints in docs/adapt.md: it keeps the source's left-to-right "
+             "quality while the new target pathway learns the other orders")
+
 # Named presets: model sizes and the training recipe that goes with them.
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "tiny": {
@@ -202,6 +223,11 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "train": dict(batch_size=16, max_steps=100_000, max_minutes=10.0, lr=3e-3, min_lr=3e-4, warmup_steps=20,
                       order="mixture:0.3", curriculum="l2r@100,mallows:4..0.05@600", lr_schedule="wsd", decay_share=0.2,
                       eval_interval=250, eval_batches=8, log_interval=10, ckpt_interval=1000, ema_decay=0.99),
+    },
+    "adapt": {  # fine-tuning an adapted checkpoint (`aogpt adapt` writes it as the checkpoint's recipe): the
+        # recipe measured in docs/adapt.md. The model is the checkpoint's; these are the train fields only.
+        "model": {},
+        "train": dict(ADAPT_RECIPE),
     },
     "cpu-small": {  # a small CPU model: about 7 minutes (850 steps, 1.7 M tokens) on 2 CPU cores
         "model": dict(n_layer=4, n_head=3, n_embd=192, block_size=128, target_dim=128),

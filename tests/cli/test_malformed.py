@@ -327,7 +327,9 @@ CASES: list[tuple[list[str], str]] = [
     (["adapt", "--from", "{s}/imported", "--out", "{s}"], "already exists"),
     (["adapt", "--from", "{run}", "--variant", "gpt", "--out", "{t}/a"], "invalid choice"),
     (["adapt", "--from", "{run}", "--out", "{t}/a", "--block-size", "0"], "argument --block-size"),
-    (["bench", "adapt", "--cpu-seconds", "-1", "--out", "{t}/b"], "argument --cpu-seconds"),
+    (["bench", "adapt", "--steps", "0", "--out", "{t}/b"], "argument --steps"),
+    (["bench", "adapt", "--finetune", "10,x", "--out", "{t}/b"], "argument --finetune"),
+    (["bench", "adapt", "--candidates", "recipe-fast,nope", "--out", "{t}/b"], "unknown candidate or path 'nope'"),
 ]
 
 

@@ -22,6 +22,7 @@ from aogpt.adaptation.source import Source
 from aogpt.adaptation.target import build
 
 VARIANTS = ("aogpt", "sigma")
+RECIPE = "adapt"  # the preset an adapted checkpoint carries for its fine-tuning (docs/adapt.md)
 
 
 def adapt(source: str | Path, variant: str = "aogpt", out: str | Path | None = None, *, target_dim: int = 128,
@@ -52,7 +53,8 @@ def adapt(source: str | Path, variant: str = "aogpt", out: str | Path | None = N
         if "transformer.wpe.weight" in src.state:
             src.state["transformer.wpe.weight"] = src.state["transformer.wpe.weight"][:block_size + 1].clone()
     model = build(src, variant, target_dim=target_dim, seed=seed)
-    extra = {"adapted_from": {"source": str(source), "kind": src.kind, "start": src.start_note}}
+    # the fine-tuning recipe `train --init-from` uses when no preset is given (aogpt.config.ADAPT_RECIPE)
+    extra = {"adapted_from": {"source": str(source), "kind": src.kind, "start": src.start_note}, "recipe": RECIPE}
     if out is not None:
         from aogpt.io import directory_lock
 
@@ -63,4 +65,4 @@ def adapt(source: str | Path, variant: str = "aogpt", out: str | Path | None = N
                   weights="raw", meta=extra)
 
 
-__all__ = ["VARIANTS", "Source", "adapt", "build", "read_source"]
+__all__ = ["RECIPE", "VARIANTS", "Source", "adapt", "build", "read_source"]

@@ -47,9 +47,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"adapted {loaded.meta['adapted_from']['kind']} {args.source} -> {args.variant} at {args.out}: "
           f"{cfg.n_layer} layers, width {cfg.n_embd}, {params:,} parameters, tokenizer {loaded.tokenizer.spec}; "
           f"start slot: {loaded.meta['adapted_from']['start']}")
-    print(f"next: aogpt train --init-from {args.out} --variant {args.variant} --data DIR --out RUN")
+    print(f"fine-tuning recipe: {loaded.meta['recipe']} (carried by the checkpoint: train --init-from uses it "
+          "unless --preset picks another)")
+    print(f"next: aogpt train --init-from {args.out} --data DIR --out RUN --max-minutes M")
     if args.json:
         emit_json({"command": "adapt", "out": str(args.out), "variant": args.variant, "parameters": params,
                    "source": str(args.source), "kind": loaded.meta["adapted_from"]["kind"],
-                    "start_slot": loaded.meta["adapted_from"]["start"]})
+                    "start_slot": loaded.meta["adapted_from"]["start"], "recipe": loaded.meta["recipe"]})
     return 0

@@ -102,43 +102,74 @@ def add_training_benchmarks(sub: Any) -> None:
     run_flags(s, checkpoints=False, device=False)
     s.set_defaults(func=run_recipe)
 
-    t = sub.add_parser("adapt", help="a trained GPT adapted to AO-GPT against AO-GPT from scratch, at equal compute",
-                       description="Per seed, on Shakespeare (bpe:512) at the quickstart size: our GPT trained for B "
-                       "CPU seconds, adapted (aogpt adapt) and fine-tuned for B with the any-order start, against "
-                       "AO-GPT from scratch for 2B; scored left to right and in a random order in bits per byte; "
-                       "writes DIR/adapt.md, .json and .png after every seed. One thread unless --threads.")
-    t.add_argument("--cpu-seconds", type=finite_float(gt=0, le=10**7), default=120.0, metavar="B",
-                   help="the budget B of each phase in CPU seconds (default 120)")
+    t = sub.add_parser("adapt", help="fine-tuning recipes for an adapted GPT against AO-GPT from scratch, at equal "
+                       "compute", description="Per seed, on Shakespeare (bpe:512) at the quickstart size: our GPT "
+                       "trained S steps, adapted (aogpt adapt) and fine-tuned F steps with each candidate recipe, "
+                       "against AO-GPT from scratch for S + F steps and the GPT trained F more steps left to right; "
+                       "scored left to right and in a random order in bits per byte. Every finished path is kept in "
+                       "--work and reused (so several processes can share a study with --only); writes DIR/adapt.md, "
+                       ".json and .png after every seed. One thread unless --threads.")
+    t.add_argument("--steps", type=int_arg(ge=1, le=10**7), default=400, metavar="S",
+                   help="the source GPT's training steps (default 400)")
+    t.add_argument("--finetune", type=int_list, default=(200, 400), metavar="F[,F...]",
+                   help="fine-tuning steps, one study per value (default 200,400)")
+    t.add_argument("--candidates", type=name_list, default=("plain", "recipe"), metavar="NAME[,NAME...]",
+                   help="fine-tuning recipes (aogpt.bench.adapt.CANDIDATES; default plain,recipe)")
+    t.add_argument("--only", type=name_list, default=None, metavar="PATH[,PATH...]",
+                   help="train only these paths (source, l2r, scratch, candidates); the others are read from --work "
+                   "where kept (default: all)")
     t.add_argument("--seeds", type=int_arg(ge=1, le=1000), default=3, metavar="N", help="seeds (default 3)")
-    t.add_argument("--eval-bytes", type=int_arg(ge=1, le=10**12), default=100_000, metavar="B",
-                   help="score on the first B bytes of the held-out text (default 100000)")
-    t.add_argument("--curve-every", type=int_arg(ge=0, le=10**7), default=50, metavar="K",
-                   help="score the EMA weights every K steps for the curves (default 50; 0: at the end only)")
+    t.add_argument("--eval-bytes", type=int_arg(ge=1, le=10**12), default=50_000, metavar="B",
+                   help="score on the first B bytes of the held-out text (default 50000)")
+    t.add_argument("--curve-every", type=int_arg(ge=0, le=10**7), default=100, metavar="K",
+                   help="score the EMA weights every K steps for the curves (default 100; 0: at the end only)")
     t.add_argument("--data-root", type=path_arg, default=Path("data"), metavar="DIR",
                    help="where the prepared Shakespeare folders are (made if missing; default data)")
+    t.add_argument("--work", type=path_arg, default=Path("runs/bench-adapt"), metavar="DIR",
+                   help="where the trained paths are kept and reused (default runs/bench-adapt)")
     t.add_argument("--threads", type=int_arg(ge=1, le=4096), default=1, metavar="N",
                    help="CPU threads for torch (default 1)")
     run_flags(t, checkpoints=False, device=False)
     t.set_defaults(func=run_adapt)
 
 
+def int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers") from None
+    if not values or any(not 1 <= v <= 10**7 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: every value must lie in 1..10000000")
+    return values
+
+
+def name_list(text: str) -> tuple[str, ...]:
+    values = tuple(v.strip() for v in text.split(",") if v.strip())
+    if not values:
+        raise argparse.ArgumentTypeError("give at least one name")
+    return values
+
+
 def run_adapt(args: argparse.Namespace) -> int:
     import torch
 
     from aogpt.bench import adapt as bd
+    from aogpt.bench.adapt_report import to_markdown
 
     torch.set_num_threads(args.threads)
-    budget, seeds, eval_bytes, curve = args.cpu_seconds, args.seeds, args.eval_bytes, args.curve_every
+    steps, finetune, seeds, eval_bytes, curve = args.steps, args.finetune, args.seeds, args.eval_bytes, args.curve_every
     if args.quick:
-        budget, seeds, eval_bytes, curve = 2.0, 1, 2000, 0
+        steps, finetune, seeds, eval_bytes, curve = 3, (2,), 1, 2000, 0
 
     def say(line: str) -> None:
         if not args.no_progress:
             print(line, file=sys.stderr, flush=True)
 
-    result = bd.run(args.data_root, budget=budget, seeds=seeds, seed=args.seed, eval_bytes=eval_bytes,
+    work = args.work / "quick" if args.quick else args.work
+    result = bd.run(args.data_root, work, steps=steps, finetune=tuple(finetune), candidates=tuple(args.candidates),
+                    seeds=seeds, seed=args.seed, only=tuple(args.only or bd.PATHS), eval_bytes=eval_bytes,
                     curve_every=curve, out=args.out, progress=say)
-    return report(args, "bench adapt", result, bd.to_markdown(result))
+    return report(args, "bench adapt", result, to_markdown(result))
 
 
 def run_adaptive(args: argparse.Namespace) -> int:

@@ -129,6 +129,7 @@ def _print_plan(plan: Any) -> None:
     from aogpt.device import resolve_device
     from aogpt.orders import make_curriculum
     from aogpt.train import LRSchedule, accumulation_steps, training_precision
+    from aogpt.train.recipe import describe as describe_recipe
 
     mc, tc = plan.model_cfg, plan.train_cfg
     sequences = tc.batch_size * accumulation_steps(tc, plan.info.world_size, mc.block_size) * plan.info.world_size
@@ -146,6 +147,10 @@ def _print_plan(plan: Any) -> None:
     if curriculum.stages:
         orders = f"orders: {curriculum.spec} (step@end), then {curriculum.final.spec}"
     print(f"{orders}; {schedule.describe()}", flush=True)
+    if plan.recipe_why:
+        print(plan.recipe_why, flush=True)
+    if describe_recipe(tc):
+        print(describe_recipe(tc), flush=True)
     device = resolve_device(tc.device)
     _, why = training_precision(tc, device)
     print(f"precision: {why} (fp32 weights and optimizer state)", flush=True)
@@ -181,6 +186,8 @@ def _print_summary(s: dict[str, Any]) -> None:
               "(--max-minutes) or run again when it is quieter.")
     elif s["stopped_by"] not in ("max_steps", "time"):
         print(f"stopped by {s['stopped_by']} after {done} of {planned} planned steps; continue with --resume")
+    if s.get("against_source"):
+        print(f"against the start (the source, step 0): {s['against_source']}")
     print(f"checkpoint: {s['checkpoint']}")
     if s.get("plot"):
         print(f"loss plot:  {s['plot']}")

@@ -25,6 +25,7 @@ from typing import Any
 
 from aogpt.progress import progress
 from aogpt.train import distributed
+from aogpt.train.recipe import against_source
 from aogpt.train.step import StepResult
 
 Trainer = Any  # aogpt.train.trainer.Trainer (not imported: trainer.py imports this module)
@@ -61,6 +62,9 @@ def fit(t: Trainer, until: int | None = None) -> dict[str, Any]:
     time, and so in a time budget, but not in the speed of the steps. Under a time budget the
     progress display counts the budget's seconds (it never goes backwards when the number of steps
     the budget holds is re-estimated) and names the step and the steps expected."""
+    if t.cfg.init_from and t.step == 0 and t.family.any_order and not t.source_eval:
+        t.source_eval = t.validation({"source": t.raw})  # the start: read left to right, the source model
+        t.log({"kind": "source", "step": 0, **t.source_eval})
     compile_seconds = t.warm_up()
     if compile_seconds:
         t.train_seconds += compile_seconds
@@ -117,6 +121,8 @@ def fit(t: Trainer, until: int | None = None) -> dict[str, Any]:
         "run_dir": str(t.out) if t.out else None,
         "params": t.raw.num_params(),
         "variant": t.model_cfg.variant,
+        **t.source_eval,
+        **({"against_source": against_source(final_eval, t.source_eval)} if t.source_eval else {}),
     }
 
 
@@ -158,6 +164,8 @@ def train_steps(t: Trainer, bar: Any, until: int | None = None, budgeted: bool =
             break
         if t.step % cfg.eval_interval == 0:
             t.log({"kind": "eval", "step": t.step, **t.evaluate()})
+            if t.source_eval and t.info.is_main:  # also without a progress bar: what fine-tuning is judged by
+                print(f"step {t.step:,}: {against_source(t.last_eval, t.source_eval)}", file=sys.stderr, flush=True)
             t.plot()
             window.restart_clock()
         if t.step % cfg.ckpt_interval == 0:

@@ -22,9 +22,11 @@ from typing import Any
 
 from aogpt.checkpoint import CKPT_PREFIX, find_checkpoint, list_checkpoints, read_config
 from aogpt.config import (
+    ADAPT_WHY,
     ModelConfig,
     TrainConfig,
     apply_overrides,
+    get_preset,
     load_config_file,
     model_config,
     model_config_from_dict,
@@ -38,6 +40,7 @@ from aogpt.families import family
 from aogpt.io import directory_lock, ensure_writable_dir, remove_stale_temporaries, write_json
 from aogpt.memory import check_fits, parameter_count, training_bytes
 from aogpt.train import distributed
+from aogpt.train.recipe import left_to_right_share, teacher_cost
 from aogpt.train.step import accumulation_steps
 from aogpt.train.throughput import flops_per_token
 from aogpt.train.trainer import Trainer
@@ -79,6 +82,7 @@ class RunPlan:
     data_dir: Path | None = None  # absolute
     show_progress: bool = True
     dry_run: bool = False
+    recipe_why: str = ""  # why this preset: said on the plan line when a checkpoint carried it
 
     @property
     def tokenizer(self) -> Any:
@@ -201,6 +205,29 @@ def _split_overrides(config: Path | str | None, overrides: Iterable[str],
     return file_data, model_over, train_over
 
 
+def _start_config(init_from: Any) -> dict[str, Any]:
+    return read_config(find_checkpoint(Path(init_from))) if init_from else {}
+
+
+def carried_recipe(init_from: Any, given_preset: str | None) -> tuple[str | None, str]:
+    """The preset a checkpoint to start from carries (`aogpt adapt` writes ``recipe``), used when no
+    preset is given, and the plan line's reason for it ("" when none applies)."""
+    if given_preset or not init_from:
+        return None, ""
+    recipe = _start_config(init_from).get("recipe")
+    if not isinstance(recipe, str):
+        return None, ""
+    get_preset(recipe)  # a name this version knows
+    why = ADAPT_WHY if recipe == "adapt" else "the preset the checkpoint names"
+    return recipe, f"recipe: {recipe}, carried by {init_from} ({why}); --preset NAME picks another"
+
+
+def carried_variant(init_from: Any) -> str | None:
+    """The variant of the checkpoint to start from, so `--init-from` alone needs no `--variant`."""
+    model = _start_config(init_from).get("model") if init_from else None
+    return model.get("variant") if isinstance(model, dict) else None
+
+
 def _differs(cfg: ModelConfig, asked: dict[str, Any]) -> set[str]:
     """The fields asked for that `cfg` does not have as asked."""
     return {k for k, v in asked.items() if getattr(cfg, k, None) != v}
@@ -273,6 +300,7 @@ def plan(out: Path | str, *, data: Path | str | None = None, preset: str | None 
     if extend_to is not None and not resuming:
         raise AOGPTError("--extend-to continues a run", "add --resume (or --resume-from CKPT), or use --max-steps")
     asked_from, resume_from = resume_from, None
+    recipe_why = ""
     if resuming:
         resume_from = find_checkpoint(Path(asked_from or out))
         model_cfg, train_cfg, saved = _resume_configs(resume_from, given_preset, variant, model_over, train_over,
@@ -280,9 +308,11 @@ def plan(out: Path | str, *, data: Path | str | None = None, preset: str | None 
         preset = saved.get("preset", given_preset)
         data_dir = data or (Path(saved["data"]) if saved.get("data") else None)
     else:
-        preset = given_preset or DEFAULT_PRESET
+        carried, recipe_why = carried_recipe(train_over.get("init_from"), given_preset)
+        preset = given_preset or carried or DEFAULT_PRESET
         overridden = model_over.pop("variant", None)  # --set model.variant, or [model] variant in the file
-        variant = variant or overridden or file_data.get("variant", DEFAULT_VARIANT)
+        variant = variant or overridden or file_data.get("variant") or carried_variant(train_over.get("init_from")) \
+            or DEFAULT_VARIANT
         model_cfg = model_config(variant, preset=preset, **{k: v for k, v in model_over.items() if k != "vocab_size"})
         train_cfg = train_config(preset, variant, **train_over)
         data_dir = data
@@ -331,7 +361,7 @@ def plan(out: Path | str, *, data: Path | str | None = None, preset: str | None 
 
     if dry_run:
         return RunPlan(model_cfg, train_cfg, distributed.DistInfo(), out, data, resume_from, preset, data_dir,
-                       show_progress, dry_run=True)
+                       show_progress, dry_run=True, recipe_why=recipe_why)
     if train_cfg.fsdp and not distributed.launched_by_torchrun():
         raise AOGPTError("--fsdp shards the model over several processes", "launch with torchrun, or drop --fsdp")
     device = resolve_device(train_cfg.device, int(os.environ.get("LOCAL_RANK", 0)))
@@ -342,7 +372,8 @@ def plan(out: Path | str, *, data: Path | str | None = None, preset: str | None 
     data.check_token_ids(model_cfg.vocab_size)  # once, before the first step (not on every batch)
     _check_fresh(out, resume_from)
     info = distributed.process_info(device.type)
-    return RunPlan(model_cfg, train_cfg, info, out, data, resume_from, preset, data_dir, show_progress)
+    return RunPlan(model_cfg, train_cfg, info, out, data, resume_from, preset, data_dir, show_progress,
+                   recipe_why=recipe_why)
 
 
 def _check_fresh(out: Path, resume_from: Path | None) -> None:
@@ -374,9 +405,10 @@ def dry_run_report(plan: RunPlan, assume_tflops: float) -> dict[str, Any]:
     world = plan.info.world_size
     accum = accumulation_steps(tc, world, cfg.block_size)
     tokens_per_step = world * tc.batch_size * accum * cfg.block_size
-    memory = training_bytes(cfg, tc.batch_size, world, tc.fsdp, params=n_params)
+    teacher_bytes, teacher_flops = teacher_cost(tc, n_params)  # distillation's frozen start (aogpt.train.recipe)
+    memory = training_bytes(cfg, tc.batch_size, world, tc.fsdp, params=n_params) + teacher_bytes
     T, d, L = cfg.block_size, cfg.n_embd, cfg.n_layer
-    fpt = flops_per_token(cfg, T)
+    fpt = flops_per_token(cfg, T) * (1.0 + teacher_flops)
     seconds = fpt * tokens_per_step / (assume_tflops * 1e12 * world)
     return {
         "variant": cfg.variant,
@@ -389,7 +421,12 @@ def dry_run_report(plan: RunPlan, assume_tflops: float) -> dict[str, Any]:
         "accumulation steps": accum,
         "tokens per step": tokens_per_step,
         "order": tc.order,
+        "recipe": plan.preset or "-",
         "lr": tc.lr,
+        "backbone / target pathway lr": f"{tc.lr * tc.backbone_lr_mult:g} / {tc.lr * tc.target_lr_mult:g}",
+        "left-to-right share (replay)": f"{left_to_right_share(tc):.3f} ({tc.replay_l2r:g})",
+        "distillation (KL weight)": f"{tc.distill_l2r:g}" + (f", teacher {teacher_bytes / 2**30:.2f} GiB"
+                                                              if teacher_bytes else ""),
         "ema decay": tc.ema_decay,
         "max steps": tc.max_steps,
         "memory per device (GiB)": round(memory / 2**30, 2),

@@ -20,6 +20,7 @@ from aogpt.device import resolve_precision
 from aogpt.errors import AOGPTError
 from aogpt.families import family_of, unwrap
 from aogpt.train import distributed
+from aogpt.train.recipe import distilled_loss
 from aogpt.train.schedule import LRSchedule
 from aogpt.validation import field_range
 
@@ -44,13 +45,15 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices and embeddings (>= 2-D) only, not on biases and norms. The target
-    pathway's parameters (`Transformer.target_pathway`) run at `target_lr_mult` times the rate
-    (each group's ``lr_scale``, applied by `OptimizerStep`)."""
-    target = {id(p) for p in unwrap(model).target_pathway().values()} if cfg.target_lr_mult != 1.0 else set()
+    """AdamW; weight decay on matrices and embeddings (>= 2-D) only, not on biases and norms. Two roles
+    with their own rates (each group's ``lr_scale``, applied by `OptimizerStep`): the target pathway's
+    parameters (`Transformer.target_pathway`) at `target_lr_mult` times the rate, the rest (the
+    backbone) at `backbone_lr_mult` times it (`aogpt.train.recipe`)."""
+    roles = cfg.target_lr_mult != 1.0 or cfg.backbone_lr_mult != 1.0
+    target = {id(p) for p in unwrap(model).target_pathway().values()} if roles else set()
     params = [p for p in model.parameters() if p.requires_grad]
     groups = []
-    for scale, members in ((1.0, [p for p in params if id(p) not in target]),
+    for scale, members in ((cfg.backbone_lr_mult, [p for p in params if id(p) not in target]),
                            (cfg.target_lr_mult, [p for p in params if id(p) in target])):
         groups += [{"params": [p for p in members if p.dim() >= 2], "weight_decay": cfg.weight_decay,
                     "lr_scale": scale},
@@ -119,6 +122,7 @@ class OptimizerStep:
     amp: torch.dtype | None
     accum: int
     schedule: LRSchedule
+    teacher: nn.Module | None = None  # the frozen start, for `distill_l2r` (aogpt.train.recipe)
 
     def __call__(self, step: int, idx_all: torch.Tensor, order_all: torch.Tensor, order_gen: torch.Generator,
                  last_checkpoint: Path | None = None) -> StepResult:
@@ -156,7 +160,11 @@ class OptimizerStep:
             order = order_all[start : start + B]
             sync = micro == self.accum - 1
             with no_sync(self.model, not sync), autocast(self.device, self.amp):
-                loss = training_loss(self.step_model, idx, order, order_gen) / self.accum
+                if self.teacher is None:
+                    loss = training_loss(self.step_model, idx, order, order_gen) / self.accum
+                else:
+                    loss = distilled_loss(self.step_model, self.teacher, idx, order, self.cfg.distill_l2r,
+                                          order_gen) / self.accum
             loss.backward()
             total += loss.detach()
         return total

@@ -22,7 +22,7 @@ from aogpt.errors import AOGPTError
 from aogpt.families import family
 from aogpt.model import Transformer
 from aogpt.orders import make_curriculum
-from aogpt.train import checkpointing, distributed, loop
+from aogpt.train import checkpointing, distributed, loop, recipe
 from aogpt.train.ema import EMA
 from aogpt.train.init import init_target_pathway
 from aogpt.train.metrics import MetricsLog
@@ -84,7 +84,7 @@ class Trainer:
         self.metrics = MetricsLog(self.out, self.info.is_main)
         self._build_model()
         self.optimizer_step = OptimizerStep(self.model, self.step_model, self.optimizer, cfg, self.info,
-                                            self.device, self.amp, self.accum, self.schedule)
+                                            self.device, self.amp, self.accum, self.schedule, self.teacher)
         self.validation = Validation(data, cfg, self.block_size, self.family, self.info, self.device, self.amp)
         self.peak_flops = peak_flops(self.device)
         self.flops_per_token = flops_per_token(model_cfg, self.block_size)
@@ -97,6 +97,10 @@ class Trainer:
         init_target_pathway(self.raw, cfg)
         if cfg.init_from:
             checkpointing.init_weights_from(self.raw, Path(cfg.init_from))
+        recipe.check_recipe(self.raw, cfg)
+        self.teacher = recipe.make_teacher(self.raw, cfg)  # the frozen start, for distillation (or None)
+        self.replay_from = recipe.replay_from(cfg)
+        self.source_eval: dict[str, float] = {}  # validation of the start, when it is a pretrained model
         self.ema = EMA(self.raw, cfg.ema_decay, cfg.ema_warmup)
         self.amp = autocast_dtype(cfg, self.device)
         self.data_gen = torch.Generator().manual_seed(cfg.seed)
@@ -131,6 +135,8 @@ class Trainer:
         the orders from the curriculum's stage of this step (`aogpt.orders.Curriculum`)."""
         idx = self.data.get_batch("train", self.sequences_per_step, self.block_size, self.data_gen)
         order = self.orders.sample(self.step, self.sequences_per_step, self.block_size, self.device, self.order_gen)
+        if self.cfg.replay_l2r > 0 and self.step >= self.replay_from:
+            order = recipe.replay_rows(order, self.cfg.replay_l2r, self.order_gen)
         return idx, order
 
     def warm_up(self) -> float:
