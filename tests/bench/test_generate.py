@@ -124,3 +124,24 @@ def test_several_lengths_per_step_times_and_flops(tmp_path):
             assert r["flops"]["encoder-est"][str(T)] == T * one
     md = (tmp_path / "generate.md").read_text()
     assert "## n = 4" in md and "## n = 8" in md and "ms per step" in md and "(est.)" in md
+
+
+def test_the_encoder_run_in_one_precision_and_estimated_in_another(tmp_path, monkeypatch):
+    """Past `encoder_limit` the encoder is estimated per precision: a fast bf16 pass may run where fp32
+    is estimated. The report keeps each precision's figures and compares only what both have."""
+    import aogpt.bench.generate as bg
+
+    real = bg._estimate_slow_encoder
+
+    def fp32_estimated(keys, one_pass, dev, limit):  # as if only fp32's pass were over the limit
+        out, _ = real(keys, one_pass, dev, float("inf"))
+        out = [("encoder-est", T, d) if (m, d) == ("encoder", "fp32") else (m, T, d) for m, T, d in out]
+        return out, {"encoder": [T for m, T, d in out if m == "encoder-est"]}
+
+    monkeypatch.setattr(bg, "_estimate_slow_encoder", fp32_estimated)
+    res = bench_generate(n=6, batch=2, steps=[3], size=TINY, methods=["aogpt", "encoder"], repeats=1,
+                         dtypes="fp32,bf16", encoder_limit=1.0, out=tmp_path, count_flops=False)
+    assert "3" in res["by_dtype"]["bf16"]["seconds"]["encoder"]
+    assert "3" not in res["by_dtype"]["fp32"]["seconds"]["encoder"]
+    assert "3" not in res["dtype_ratios"]["bf16"]["encoder"] and "3" in res["dtype_ratios"]["bf16"]["aogpt"]
+    assert "## In bf16" in (tmp_path / "generate.md").read_text()

@@ -122,7 +122,8 @@ def to_markdown(result: dict[str, Any]) -> str:
         return _one_precision(result)
     dtypes, by = result["dtypes"], result["by_dtype"]
     first = dtypes[0]
-    keys = [(m, T) for m in result["methods"] for T in by[first]["seconds"][m]]
+    keys = [(m, T) for m in result["methods"] for T in by[first]["seconds"][m]
+            if all(T in by[d]["seconds"][m] for d in dtypes)]  # the encoder may run in one, be estimated in another
     rows = [[m, T, *[f"{fmt_seconds(by[d]['seconds'][m][T])} / {fmt_seconds(by[d]['cpu_seconds'][m][T])}"
                      for d in dtypes],
              *[f"{fmt_ratio(result['dtype_ratios'][d][m][T])} / "
