@@ -4,15 +4,17 @@ row in float64 from the definition."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from aogpt.kv_cache import KVCache, ragged_rows
 
 
-def test_ragged_attention_is_each_rows_own_attention_without_padding():
+@pytest.mark.parametrize("B", [6, 64])  # runs of consecutive sequences (views); a large batch: one call per width
+def test_ragged_attention_is_each_rows_own_attention_without_padding(B):
     gen = torch.Generator().manual_seed(0)
     rng = np.random.default_rng(0)
-    B, H, D, cap = 6, 2, 8, 20
+    H, D, cap = 2, 8, 20
     decided = rng.integers(3, 12, size=B)
     first = decided - rng.integers(0, 3, size=B)  # catch-ups: decided columns not cached yet
     sizes = np.where(rng.random(B) < 0.8, decided - first + rng.integers(1, 4, size=B), 0)
@@ -20,10 +22,13 @@ def test_ragged_attention_is_each_rows_own_attention_without_padding():
     b, col, where = ragged_rows(sizes, first, decided, torch.float64, torch.device("cpu"))
     R = len(b)
     assert R == sizes.sum() and sum(bk.count * bk.width for bk in where.buckets) == R  # no padding row
-    for bk in where.buckets:  # runs of consecutive sequences of one width
-        seqs = np.arange(bk.seqs.start, bk.seqs.stop)
+    for bk in where.buckets:  # sequences of one width: a run of consecutive ones, or all of that width
+        seqs = np.arange(bk.seqs.start, bk.seqs.stop) if isinstance(bk.seqs, slice) else bk.seqs.numpy()
         assert len(seqs) == bk.count and (sizes[seqs] == bk.width).all()
-    assert len(where.buckets) >= len(np.unique(sizes[sizes > 0]))
+    widths = len(np.unique(sizes[sizes > 0]))
+    assert len(where.buckets) >= widths
+    if B == 64:  # gathered per width instead of dozens of one-sequence runs
+        assert len(where.buckets) == widths and any(not isinstance(bk.seqs, slice) for bk in where.buckets)
     cache = KVCache(1, B, H, cap, D, "cpu", torch.float64, attention="sdpa")
     cache.k.normal_(generator=gen)
     cache.v.normal_(generator=gen)

@@ -99,7 +99,7 @@ class Bucket:
     start: int
     count: int
     width: int
-    seqs: slice
+    seqs: slice | torch.Tensor  # a view of the batch, or (large batches) the gathered sequences
     mask: torch.Tensor
 
 
@@ -125,6 +125,9 @@ def storage_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
     return dtype
 
 
+MAX_VIEW_RUNS = 8  # up to this many runs (at least: twice the widths), views of the cache beat gathered copies
+
+
 def ragged_rows(sizes: np.ndarray, first: np.ndarray, decided: np.ndarray, dtype: torch.dtype,
                 device: torch.device) -> tuple[np.ndarray, np.ndarray, RaggedSlots]:
     """The packed rows of a ragged step, bucketed by width: sequence b has `sizes[b]` rows (0: it sits
@@ -145,11 +148,19 @@ def ragged_rows(sizes: np.ndarray, first: np.ndarray, decided: np.ndarray, dtype
     # batch), never a gathered copy (a copy of every key of the step's sequences, per layer, costs more
     # than the extra attention calls from n = 256 on)
     cut = np.nonzero((np.diff(width) != 0) | (np.diff(seqs) != 1))[0] + 1
-    for group in np.split(seqs, cut):
+    groups = np.split(seqs, cut)
+    widths = np.unique(width)
+    if len(groups) > max(MAX_VIEW_RUNS, 2 * len(widths)):
+        # a large batch (a sampler's law test, a server's full batch): runs of consecutive sequences
+        # would be nearly one attention call per sequence; one call per width, its keys gathered
+        # (seqs is sorted by width, so each width's rows are already contiguous in packed order)
+        groups = [seqs[width == w] for w in widths]
+    for group in groups:
         w = int(sizes[group[0]])
         cols = first[group][:, None] + np.arange(w)
         allowed = step_mask(t(cols), t(decided[group])[:, None], int(cols.max()) + 1)
-        which = slice(int(group[0]), int(group[-1]) + 1)
+        contiguous = int(group[-1]) - int(group[0]) + 1 == len(group)
+        which = slice(int(group[0]), int(group[-1]) + 1) if contiguous else t(group)
         buckets.append(Bucket(start, len(group), w, which, additive(allowed[:, None], dtype)))
         start += len(group) * w
     return b, col, RaggedSlots(t(b), t(col), buckets)
