@@ -8,34 +8,43 @@ import sys
 import pytest
 
 CODE = r"""
-import resource, sys, torch
-torch.set_num_threads(1)
+import ctypes, sys, torch
+
+class MallInfo2(ctypes.Structure):  # glibc's struct mallinfo2 (malloc.h)
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo2
 if sys.argv[1] == "keep":
     from aogpt.allocator import keep_freed_memory
     assert keep_freed_memory()
-mlp = torch.nn.Sequential(torch.nn.Linear(192, 768), torch.nn.GELU(), torch.nn.Linear(768, 192))
-x = torch.randn(2048, 192)
-def step():  # a training step's pattern: the same tensor sizes allocated and freed every time
-    mlp(x).square().mean().backward()
-for _ in range(3):
-    step()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(20):
-    step()
-print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 20)
+before = libc.mallinfo2().hblkhd
+held = torch.empty(4 * 2**20)  # 16 MiB, the size of a training step's larger activations
+print((libc.mallinfo2().hblkhd - before) / 2**20)
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
-def test_freed_blocks_are_reused_instead_of_faulting_in_fresh_pages():
-    def faults_per_step(mode: str) -> float:
+def _has_mallinfo2() -> bool:
+    try:
+        import ctypes
+
+        return hasattr(ctypes.CDLL("libc.so.6"), "mallinfo2")
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not _has_mallinfo2(), reason="glibc 2.33+'s mallinfo2")
+def test_a_steps_blocks_come_from_the_heap_not_from_fresh_mappings():
+    """glibc's statistics, not a timing: with its defaults a 16 MiB block is a fresh mapping (its pages
+    fault in on first touch, and go back to the system when freed); with the thresholds raised it is
+    served from the heap, where the next step finds it again."""
+    def mapped_mib(mode: str) -> float:
         out = subprocess.run([sys.executable, "-c", CODE, mode], capture_output=True, text=True, check=True)
         return float(out.stdout.strip())
 
-    kept, default = faults_per_step("keep"), faults_per_step("default")
-    # measured here: ~90 page faults a step kept, ~800 with glibc's defaults (fresh pages every step) on a quiet
-    # machine; 77 against 186 once with other jobs running (glibc's own threshold adapts to what was freed)
-    assert 2 * kept < default, (kept, default)
+    assert mapped_mib("default") >= 16  # the test can tell: glibc maps it afresh by default
+    assert mapped_mib("keep") == 0
 
 
 def test_every_command_but_the_server_keeps_freed_memory(monkeypatch, tmp_path):
