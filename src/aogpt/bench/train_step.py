@@ -136,7 +136,11 @@ def bench_train(*, block: int = 256, batch: int = 8, size: Size | None = None,
         from aogpt.bench.limits import counted_matmul_flops, matmul_rate, model_shapes
 
         shapes = model_shapes(block * batch, size.n_embd)
-        rates = {d: matmul_rate(shapes, precision[d][0] or torch.float32, dev) for d in dtypes}
+
+        def measure_rates() -> dict[str, Any]:
+            return {d: matmul_rate(shapes, precision[d][0] or torch.float32, dev) for d in dtypes}
+
+        rates = measure_rates()
         flops = {}
         for (v, _, path), name in zip(keys, names, strict=True):
             if path == "eager" and v not in flops:  # the same products on every path and in every precision
@@ -163,10 +167,10 @@ def bench_train(*, block: int = 256, batch: int = 8, size: Size | None = None,
     if load:
         load.append(os.getloadavg()[0])
     if matmul:  # measured again after the steps: the faster of the two, shape by shape (aogpt.bench.limits)
-        from aogpt.bench.limits import faster_of, matmul_rate
+        from aogpt.bench.limits import faster_of
 
-        matmul["rates"] = {d: faster_of(r, matmul_rate(shapes, precision[d][0] or torch.float32, dev))
-                           for d, r in matmul["rates"].items()}
+        after = measure_rates()
+        matmul["rates"] = {d: faster_of(r, after[d]) for d, r in matmul["rates"].items()}
     seconds = {name: statistics.median(r) for name, r in runs.items()}
     cpu_seconds = {name: statistics.median(r) for name, r in cpu_runs.items()}
     trainers.clear()  # free the models before the caller goes on
