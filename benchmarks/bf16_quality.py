@@ -1,6 +1,6 @@
 """bf16 against fp32 training quality: the quickstart preset, several seeds per precision.
 
-Why: `dtype auto` trains in bf16 autocast on CPUs with native bf16 (`aogpt.device.auto_precision`).
+Why: `dtype auto` trains in bf16 autocast on CPUs with native bf16 (`aogpt.precision.auto_precision`).
 That is only a good default if the model it trains is as good as fp32's. This script trains the
 quickstart preset (a fixed number of steps, no time limit, one thread per run) for every
 (seed, precision) pair, the precisions alternating seed by seed so a change in the machine's load

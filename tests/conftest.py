@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from aogpt import capability
+
 # Tiny models: one thread is faster than two (no synchronisation per small op) and immune to a
 # busy machine, where two spinning OpenMP threads slow everything down many times over.
 torch.set_num_threads(1)
@@ -84,3 +86,30 @@ def tiny_run(tmp_path_factory, bytes_data) -> Path:
                  "--no-progress"])
     assert code == 0
     return out
+
+
+# ----------------------------------------------------------------------------- CPU classes
+# (markers for what a test needs are in tests/helpers.py)
+def pytest_report_header(config) -> list[str]:
+    gaps = capability.emulation_gaps()
+    return [capability.describe() + (f"; not emulated: {'; '.join(gaps)}" if gaps else "")]
+
+
+@pytest.fixture
+def as_cpu():
+    """`as_cpu("avx2")`: the project's own decisions made as on that class (the switch, for one test;
+    torch's kernels stay as they are)."""
+    import os
+
+    before = os.environ.get(capability.SWITCH_ENV)
+
+    def use(name: str) -> None:
+        os.environ[capability.SWITCH_ENV] = name
+        capability.refresh()
+
+    yield use
+    if before is None:
+        os.environ.pop(capability.SWITCH_ENV, None)
+    else:
+        os.environ[capability.SWITCH_ENV] = before
+    capability.refresh()

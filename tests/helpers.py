@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
+from aogpt import capability
 from aogpt.checkpoint import save_checkpoint
 from aogpt.config import model_config, to_dict
 from aogpt.model import Transformer
@@ -74,3 +76,18 @@ def prefix_conditional(model: Transformer, idx: torch.Tensor, order: list[int], 
     target = torch.tensor([order[: i + 1]])
     logits = model.forward_slots(tokens, pos, target)[0, -1]
     return float(-torch.log_softmax(logits, -1)[x[order[i]]])
+
+
+# ----------------------------------------------------------------------------- CPU classes
+# What this CPU can do comes from `aogpt.capability`; the suite also runs under the lesser-CPU switch
+# (scripts/test.sh: AOGPT_CPU=avx2 with torch's own limits), where these markers skip what such a CPU
+# cannot do; each skipped test has a sibling that tests the fallback.
+needs_bf16 = pytest.mark.skipif(not capability.usable_precision(torch.bfloat16),
+                                reason=f"needs a CPU that computes in bf16 (this one: {capability.cpu_class()}); "
+                                "what such a CPU does instead is tested beside it")
+needs_native_bf16 = pytest.mark.skipif(not capability.native_precision(torch.bfloat16),
+                                       reason=f"needs bf16 units (this CPU: {capability.cpu_class()}); "
+                                       "what such a CPU does instead is tested beside it")
+needs_bf16_packing = pytest.mark.skipif(not capability.can_pack(torch.bfloat16),
+                                        reason=f"needs oneDNN bf16 weight packing (this CPU: "
+                                        f"{capability.cpu_class()}); what such a CPU does instead is tested beside it")

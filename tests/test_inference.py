@@ -8,9 +8,11 @@ import copy
 import pytest
 import torch
 
+from aogpt import capability
 from aogpt.generation.generate import generate
 from aogpt.inference import for_inference, packing_available
 from tests.generation.test_generate import tiny_model
+from tests.helpers import needs_bf16_packing
 
 pytestmark = pytest.mark.skipif(not packing_available(tiny_model("aogpt", vocab=8, block=4, dtype=torch.float32)),
                                 reason="no oneDNN packing on this machine")
@@ -25,8 +27,24 @@ def test_packed_copy_is_reused_until_a_weight_changes():
     second = for_inference(model)
     assert second is not first and torch.equal(second.lm_head.weight, model.lm_head.weight)
     assert for_inference(model, rows_hint=4) is not second
+
+
+@needs_bf16_packing
+def test_a_bf16_model_is_packed_in_bf16():
+    model = tiny_model("aogpt", vocab=16, block=8, dtype=torch.float32)
+    fp32 = for_inference(model)
     model.to(torch.bfloat16)
-    assert for_inference(model).lm_head.packed.dtype == torch.bfloat16
+    assert for_inference(model) is not fp32 and for_inference(model).lm_head.packed.dtype == torch.bfloat16
+
+
+def test_a_bf16_model_is_left_unpacked_without_bf16(as_cpu):
+    """The sibling on a CPU without bf16 (the capability module says so): plain linear layers, no
+    packing call that such a CPU's oneDNN would refuse."""
+    if capability.cpu().arch != "x86":
+        pytest.skip("the avx2 class is an x86 class")
+    as_cpu("avx2")
+    model = tiny_model("aogpt", vocab=16, block=8, dtype=torch.float32).to(torch.bfloat16)
+    assert not packing_available(model) and for_inference(model) is model
 
 
 def test_generation_after_a_weight_change_uses_the_new_weights():

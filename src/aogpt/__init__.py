@@ -23,6 +23,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from aogpt.capability import apply_switch
+
+apply_switch()  # AOGPT_CPU: PyTorch's own limits set before torch starts (aogpt.capability)
+
 __version__ = "0.1.0"
 
 _EXPORTS = {
@@ -48,13 +52,12 @@ _EXPORTS = {
 def load(path, weights: str = "ema", device="cpu", dtype=None):
     """Load a trained or imported checkpoint: returns `Loaded` (model, tokenizer, config).
 
-    EMA weights by default; see `aogpt.checkpoint.load`.
+    EMA weights by default; `dtype` a torch dtype or a precision name (``fp32``, ``bf16``, ...; default
+    fp32); see `aogpt.checkpoint.load`.
     """
-    import torch
-
     from aogpt.checkpoint import load as _load
 
-    return _load(path, weights=weights, device=device, dtype=dtype or torch.float32)
+    return _load(path, weights=weights, device=device, dtype=dtype or "fp32")
 
 
 def __getattr__(name: str) -> Any:

@@ -205,12 +205,15 @@ def save(model: torch.nn.Module, path: str | Path, *, tokenizer: Any = None,
 
 
 def load(path: str | Path, weights: str = "ema", device: str | torch.device = "cpu",
-         dtype: torch.dtype = torch.float32) -> Loaded:
+         dtype: torch.dtype | str = torch.float32) -> Loaded:
     """Load a checkpoint (or a run's newest one) for evaluation and generation.
 
     weights: "ema" (default; falls back to raw weights with a clear error if none were saved) or
-    "raw".
+    "raw". dtype: the weights' precision, a torch dtype or any `aogpt.precision` name (``bf16``...).
     """
+    from aogpt.precision import to_dtype
+
+    dtype = to_dtype(dtype)
     if weights not in ("ema", "raw"):
         raise AOGPTError(f"unknown weights {weights!r}", "use ema or raw")
     ckpt = find_checkpoint(Path(path))

@@ -14,17 +14,16 @@ not the shapes) and never recompiles.
 from __future__ import annotations
 
 import os
-import shutil
 import warnings
 from pathlib import Path
 
 import torch
 
+from aogpt.capability import COMPILERS, c_compiler
 from aogpt.errors import AOGPTError
 
 CHOICES = ("auto", "on", "off")
 AUTO_MIN_MINUTES = 5.0  # `auto` compiles a run with a time budget of at least this (compiling pays back in 1-2 min)
-COMPILERS = ("g++", "c++", "clang++")
 
 
 def normalize_choice(value: str | bool) -> str:
@@ -34,15 +33,6 @@ def normalize_choice(value: str | bool) -> str:
     if value not in CHOICES:
         raise AOGPTError(f"unknown compile setting {value!r}", "use --compile auto, on or off")
     return value
-
-
-def c_compiler() -> str | None:
-    """The C++ compiler inductor will build CPU kernels with ($CXX first), or None if none is found."""
-    for name in ((os.environ["CXX"],) if os.environ.get("CXX") else ()) + COMPILERS:
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
 
 
 def cache_dir() -> Path:

@@ -21,6 +21,7 @@ from aogpt.compiling import CHOICES as COMPILE_CHOICES
 from aogpt.errors import AOGPTError, check_choice
 from aogpt.families import family
 from aogpt.orders import Mallows, make_curriculum, make_order_sampler
+from aogpt.precision import AUTOCAST, canonical
 from aogpt.validation import SEED_MAX, bounded, check_ranges
 
 # How the target position (the original position of the token a slot must predict) enters the model
@@ -166,7 +167,7 @@ class TrainConfig:
     keep_last: int = bounded(2, ge=0, le=10**6)  # 0: keep every checkpoint
     seed: int = bounded(1337, ge=0, le=SEED_MAX)
     device: str = "auto"
-    dtype: str = "auto"  # auto: bf16 autocast on hardware with bf16 units, else fp32 (device.auto_precision)
+    dtype: str = "auto"  # auto: bf16 autocast on hardware with bf16 units, else fp32 (precision.auto_precision)
     compile: str = "auto"  # auto, on or off: torch.compile the training step (aogpt.compiling decides auto)
     fsdp: bool = False
     init_from: str = ""  # a checkpoint directory to start from (weights only)
@@ -182,7 +183,7 @@ class TrainConfig:
         if self.min_lr > self.lr:
             raise AOGPTError(f"train config: min_lr {self.min_lr:g} is above lr {self.lr:g}",
                              "use a min_lr at most the learning rate")
-        check_choice("dtype", self.dtype, DTYPES)
+        self.dtype = canonical(self.dtype, AUTOCAST)  # any spelling of aogpt.precision's, kept in its short form
         if not DEVICE.fullmatch(self.device):
             raise AOGPTError(f"unknown device {self.device!r}", "use auto, cpu, cuda or cuda:N")
         make_curriculum(self.curriculum, self.order, self.l2r_first_steps)  # unknown or malformed specs are refused
@@ -192,7 +193,6 @@ class TrainConfig:
 
 
 LR_SCHEDULES = ("cosine", "wsd")  # aogpt.train.schedule
-DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 DEVICE = re.compile(r"auto|cpu|cuda(:\d{1,3})?|mps")
 
 

@@ -10,8 +10,8 @@ effect end to end).
 `for_inference(model)` returns a shallow structural copy of the model that shares every parameter
 with it (nothing is copied, the user's model is not modified) and whose decode-path linear layers
 (attention, MLP, output head) hold a packed copy of their weight. It is built from the weights as
-they are at a `generate` call, and reused by the next calls until a weight changes; only float32 and
-bfloat16 models on a CPU with oneDNN are packed, anything else is returned as it is.
+they are at a `generate` call, and reused by the next calls until a weight changes; only models whose
+dtype this CPU packs (`packing_available`) are packed, anything else is returned as it is.
 
 The weight is packed for at least two rows (`MIN_ROWS_HINT`), whatever the hint: packed for one
 row, oneDNN picks a layout whose kernel gives a row different bits depending on how many rows are
@@ -29,17 +29,18 @@ import weakref
 import torch
 from torch import nn
 
+from aogpt import capability
+
 DECODE_PATH = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "lm_head")
 MIN_ROWS_HINT = 2  # packed for one row, oneDNN's kernel is not row-invariant (module docstring)
 
 
 def packing_available(model: nn.Module) -> bool:
-    """Whether `for_inference` packs this model: CPU, float32/bfloat16, oneDNN present."""
+    """Whether `for_inference` packs this model: a CPU model whose dtype oneDNN packs on this CPU
+    (`aogpt.capability.can_pack`: fp32 wherever oneDNN is present, bf16 only where the CPU computes
+    in bf16; an AVX2-only CPU refuses to pack bf16, and its bf16 model runs plain linear layers)."""
     p = next(model.parameters())
-    ops = getattr(torch.ops, "mkldnn", None)
-    return (p.device.type == "cpu" and p.dtype in (torch.float32, torch.bfloat16)
-            and torch.backends.mkldnn.is_available() and ops is not None
-            and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise"))
+    return p.device.type == "cpu" and capability.can_pack(p.dtype)
 
 
 class PackedLinear(nn.Module):

@@ -7,7 +7,7 @@ when nothing was done or the work failed, so a refused input prints its error li
 
     train: 120/850 steps (14%), loss 5.123, 4,500 tok/s, elapsed 1m10s, ETA 6m02s
 
-Both answer the same calls: `update`, `set_postfix`, `set_postfix_str`, `set_description`, `close`,
+Both answer the same calls: `update`, `set_postfix`, `set_postfix_str`, `set_description`, `write`, `close`,
 the context manager, `n` and `total`. `disable=True` shows nothing at all.
 """
 
@@ -91,6 +91,10 @@ class Heartbeat:
 
     def set_description(self, desc: str | None = None, refresh: bool = True) -> None:
         self.desc = desc or ""
+
+    def write(self, s: str, file: TextIO | None = None, end: str = "\n") -> None:
+        """A message between progress lines (tqdm's `write`, which the bar's callers also use)."""
+        print(s, file=file if file is not None else self.file, end=end, flush=True)
 
     def close(self, failed: bool = False) -> None:
         """Print the last line (once), if any progress was made; none when the work `failed` (its

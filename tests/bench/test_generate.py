@@ -14,6 +14,7 @@ from aogpt.bench.generate import METHODS, bench_generate, bench_lengths, check_m
 from aogpt.bench.generate_report import ratios
 from aogpt.errors import AOGPTError
 from tests.bench import TINY
+from tests.helpers import needs_bf16
 
 
 def test_generate_runs_every_method_and_writes_table_json_png(tmp_path):
@@ -82,6 +83,7 @@ def test_ratios_of_the_medians():
     assert r["4"]["encoder/aogpt"] == 25.0 and r["n"]["aogpt/gpt"] == 2.0 and r["4"]["aogpt-nocache/aogpt"] is None
 
 
+@needs_bf16
 def test_precisions_side_by_side(tmp_path):
     from aogpt.bench.generate import bench_generate
 
@@ -126,6 +128,7 @@ def test_several_lengths_per_step_times_and_flops(tmp_path):
     assert "## n = 4" in md and "## n = 8" in md and "ms per step" in md and "(est.)" in md
 
 
+@needs_bf16
 def test_the_encoder_run_in_one_precision_and_estimated_in_another(tmp_path, monkeypatch):
     """Past `encoder_limit` the encoder is estimated per precision: a fast bf16 pass may run where fp32
     is estimated. The report keeps each precision's figures and compares only what both have."""

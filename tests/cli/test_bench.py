@@ -177,3 +177,44 @@ def test_recipe_quick_json(cli, tmp_path):
 def test_recipe_bad_input(cli, tmp_path, args, fragment):
     res = cli("bench", "recipe", "--data-root", tmp_path, *args)
     assert res.code == 2 and res.err.startswith("error: ") and fragment in res.err, res.err
+
+
+@pytest.mark.parametrize("args", [
+    ["generate", "--quick", "--steps", "4", "--methods", "aogpt,gpt"],
+    ["speculative", "--quick", "--checkpoint", "aogpt={run}", "--n", "16", "--batch", "2", "--k", "2"],
+    ["density", "--quick"],
+    ["train", "--quick", "--variants", "gpt"],
+    ["eval", "--quick", "--members", "2", "--repeats", "1"],
+    ["attention", "--quick"],
+    ["prepare", "--workers-bench", "--quick", "--tokenizer", "bytes", "--synthetic-mb", "0.01"],
+], ids=lambda a: a[0])
+def test_every_bench_completes_on_a_busy_machine_with_its_output_to_a_file(cli, tmp_path, monkeypatch, tiny_run,
+                                                                          args):
+    """A busy machine (load above the cores) is said once on stderr, through the heartbeat when stderr
+    is not a terminal (as here: captured), and the benchmark completes (prepare chooses its own
+    threads per mode, so it has no note to give)."""
+    import os
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))
+    monkeypatch.setenv("AOGPT_HEARTBEAT_SECONDS", "0")
+    res = cli("bench", *[a.format(run=tiny_run) for a in args], "--out", tmp_path)
+    assert res.code == 0, res.err
+    assert res.err.count("the machine is busy (load 64.0") == (args[0] != "prepare") and "Traceback" not in res.err
+
+
+def test_a_precision_this_cpu_cannot_compute_in_is_skipped_with_a_note(cli, tmp_path, as_cpu):
+    """The sibling of the two-precision benchmark tests on a CPU without bf16 (AVX2): bf16 is skipped in
+    one line, fp32 is timed; bf16 alone is refused in one line."""
+    from aogpt import capability
+
+    if capability.cpu().arch != "x86":
+        pytest.skip("the avx2 class is an x86 class")
+    as_cpu("avx2")
+    res = cli("bench", "generate", "--quick", "--threads", "1", "--steps", "4", "--methods", "aogpt,gpt",
+              "--dtype", "fp32,bfloat16", "--out", tmp_path, "--json", "--no-progress")
+    assert res.code == 0, res.err
+    assert "note: bf16 skipped: this CPU (avx2) has no bf16 units" in res.err and res.json["precision"] == "fp32"
+    for cmd in (["generate", "--quick", "--steps", "4"], ["train", "--quick", "--variants", "gpt"]):
+        res = cli("bench", *cmd, "--dtype", "bf16", "--out", tmp_path, "--threads", "1")
+        assert res.code == 2 and res.err.startswith("error: bf16 skipped: this CPU (avx2) has no bf16 units")
+        assert len(res.err.strip().splitlines()) == 1

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import aogpt
-from aogpt.device import PRECISION_NAMES
+from aogpt.precision import name_of
 from tests.helpers import random_checkpoint
 
 
@@ -33,7 +33,7 @@ def test_unconditional_json_matches_the_python_api(cli, runs):
     assert summary["settings"]["steps"] == 7 and summary["settings"]["policy"] == "bernoulli"
     assert summary["settings"]["seed"] == 5 and summary["timing"]["seconds"] > 0
     # the CLI's default (`--dtype auto`): the precision its probe timed faster (`aogpt.generation.precision`)
-    dtype = {PRECISION_NAMES[d]: d for d in (torch.float32, torch.bfloat16)}[summary["precision"]]
+    dtype = {name_of(d): d for d in (torch.float32, torch.bfloat16)}[summary["precision"]]
     assert "auto" in summary["precision_why"]
     want = aogpt.load(runs["aogpt"], dtype=dtype).generate(num_samples=3, length=20, steps=7, temperature=0.9,
                                                            top_p=0.95, seed=5)

@@ -53,7 +53,7 @@ def test_train_json_summary_checkpoint_and_plot(cli, bytes_data, tmp_path):
     assert "orders: mixture:0.1; learning rate: warm-up 5 steps to 0.003, cosine decay to 0.0003 at step 4" \
         in result.out
     assert summary["bpb/l2r/ema"] > 0 and summary["planned_steps"] == 4 and summary["stopped_by"] == "max_steps"
-    from aogpt.device import auto_precision
+    from aogpt.precision import auto_precision
 
     assert f"precision: {auto_precision('cpu')[1]} (fp32 weights and optimizer state)" in result.out
     assert "warning" not in result.out

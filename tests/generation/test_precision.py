@@ -1,12 +1,14 @@
 """`aogpt.generation.precision`: auto generation precision is the one the probe timed faster, probed
-once per process and model shape; fp32 without a probe where bf16 is not native."""
+once per process and model shape; fp32 without a probe where the CPU has no bf16 units."""
 
 from __future__ import annotations
 
 import torch
 
+from aogpt import capability
 from aogpt.generation import precision
 from tests.generation.test_generate import tiny_model
+from tests.helpers import needs_native_bf16
 
 
 def test_the_faster_precision_wins_and_is_probed_once(monkeypatch):
@@ -17,7 +19,7 @@ def test_the_faster_precision_wins_and_is_probed_once(monkeypatch):
         calls.append(next(m.parameters()).dtype)
         return seconds[calls[-1]]
 
-    monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: ["avx512_bf16"])
+    monkeypatch.setattr(capability, "native_precision", lambda dtype: True)  # timings are faked: any CPU
     monkeypatch.setattr(precision, "_timed", fake)
     monkeypatch.setattr(precision, "_CACHE", {})
     for slow, want in ((torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)):
@@ -31,15 +33,21 @@ def test_the_faster_precision_wins_and_is_probed_once(monkeypatch):
     assert next(model.parameters()).dtype == torch.float32  # the model itself is not converted
 
 
-def test_no_native_bf16_means_fp32_without_a_probe(monkeypatch):
+def test_a_real_probe_returns_fp32_without_bf16(monkeypatch, as_cpu):
+    """The sibling of the real probe on a CPU without bf16 units (an AVX2 CPU, or the switch): fp32,
+    said so, and nothing timed."""
     model = tiny_model("aogpt", vocab=16, block=8, dtype=torch.float32)
-    monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: [])
+    if capability.cpu().arch == "x86":
+        as_cpu("avx2")
+    else:
+        monkeypatch.setattr(capability, "native_precision", lambda dtype: dtype not in (torch.bfloat16,))
     monkeypatch.setattr(precision, "_timed", lambda *a: (_ for _ in ()).throw(AssertionError("probed")))
-    assert precision.fastest_precision(model, 2)[0] == torch.float32
+    dtype, why = precision.fastest_precision(model, 2)
+    assert dtype == torch.float32 and "has no bf16 units" in why
 
 
+@needs_native_bf16
 def test_a_real_probe_returns_a_precision_it_timed(monkeypatch):
-    monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: ["avx512_bf16"])
     monkeypatch.setattr(precision, "_CACHE", {})
     monkeypatch.setattr(precision, "PROBE_LENGTH", 4)
     model = tiny_model("aogpt", vocab=16, block=8, dtype=torch.float32)

@@ -18,7 +18,8 @@ import torch
 
 from aogpt.attention import AttentionMask, attend, choose_kernel
 from aogpt.bench.common import environment, fmt_seconds, markdown_table, sync, timed_cpu, write_outputs
-from aogpt.device import resolve_device, resolve_dtype
+from aogpt.device import resolve_device
+from aogpt.precision import to_dtype
 
 KERNELS = ("sdpa", "explicit", "sdpa-fp32")
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2}
@@ -57,7 +58,7 @@ def bench_attention(*, batch: int = 16, heads: int = 3, block: int = 128, head_d
     cases = _cases(batch, heads, block, head_dim, decode_queries)
     done = 0
     for name in dtypes:
-        dtype = resolve_dtype(name)
+        dtype = to_dtype(name)
         for case in cases:
             S, L = case["q"], case["k"]
             q64 = torch.randn(batch, heads, S, head_dim, generator=gen, dtype=torch.float64).to(dev)

@@ -149,12 +149,11 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
     ratios between them (``dtype_ratios``, each precision's time over the first's).
     progress(done, label) is called after each run. Returns the summary (see `to_markdown`).
     """
-    from aogpt.bench.train_step import parse_dtypes
-    from aogpt.device import PRECISION_NAMES, resolve_precision
+    from aogpt.precision import name_of, parse_list, resolve_precision
 
     methods = check_methods(methods)
     steps = sorted(set(int(t) for t in steps))
-    dtypes = parse_dtypes(dtypes)
+    dtypes = parse_list(dtypes)
     if n < 1 or batch < 1 or repeats < 1:
         raise AOGPTError("n, batch and repeats must be positive", "e.g. --n 256 --batch 8 --repeats 3")
     if steps[0] < 1 or steps[-1] > n:
@@ -226,7 +225,7 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
     by_dtype: dict[str, Any] = {}
     counted: dict[tuple[str, int], float] = {}
     for d in dtypes:
-        r: dict[str, Any] = {**base, "dtype": d, "precision": PRECISION_NAMES[precision[d][0]],
+        r: dict[str, Any] = {**base, "dtype": d, "precision": name_of(precision[d][0]),
                              "precision_why": precision[d][1].replace(" autocast", " weights"),
                              **{k: {m: {} for m in methods} for k in ("seconds", "cpu_seconds", "runs", "forwards",
                                                                        "slots", "padded_slots", "ms_per_step",

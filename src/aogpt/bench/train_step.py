@@ -36,17 +36,6 @@ QUICK = dict(block=32, batch=2, size=QUICK_SIZE, steps=2, warmup=1)
 TARGET_AOGPT_VS_GPT = 1.10
 
 
-def parse_dtypes(spec: str | list[str] | tuple[str, ...] | None) -> list[str]:
-    """Precisions to time, e.g. ``fp32,bf16,auto`` (`aogpt.device.resolve_precision` names)."""
-    names = [d.strip() for d in spec.split(",")] if isinstance(spec, str) else list(spec or ["auto"])
-    allowed = ("auto", "fp32", "float32", "bf16", "bfloat16")
-    bad = [d for d in names if d not in allowed]
-    if bad or not names:
-        raise AOGPTError(f"unknown precision(s) {', '.join(bad) or '(none given)'}",
-                         f"choose from: {', '.join(allowed)}")
-    return list(dict.fromkeys(names))
-
-
 PATHS = ("eager", "compiled", "reference")
 PATH_NOTES = {
     "eager": "aogpt's kernels (attention chosen per device and precision, any-order reads laid out by target, fused "
@@ -94,14 +83,14 @@ def bench_train(*, block: int = 256, batch: int = 8, size: Size | None = None,
     import torch
 
     from aogpt.config import get_preset, model_config, train_config
-    from aogpt.device import PRECISION_NAMES, resolve_precision
     from aogpt.model import Kernels
+    from aogpt.precision import name_of, parse_list, resolve_precision
     from aogpt.train import RandomTokens, Trainer
 
     dev = resolve_device(device)
     size = default_size({}, size)
     variants, paths = list(dict.fromkeys(variants)), list(dict.fromkeys(paths))
-    dtypes = parse_dtypes(dtypes)
+    dtypes = parse_list(dtypes)
     if preset is not None:
         get_preset(preset)  # refuse an unknown name before any work
     if "compiled" in paths:
@@ -177,7 +166,7 @@ def bench_train(*, block: int = 256, batch: int = 8, size: Size | None = None,
     tokens = batch * block
     result = {"benchmark": "train", "block": block, "batch": batch, "size": size.to_dict(), "variants": variants,
               "dtypes": dtypes, "paths": paths, "contenders": names, "preset": preset,
-              "precision": {d: {"name": PRECISION_NAMES[p[0]], "why": p[1]} for d, p in precision.items()},
+              "precision": {d: {"name": name_of(p[0]), "why": p[1]} for d, p in precision.items()},
               "steps": steps, "warmup": warmup, "seed": seed, "seconds_per_step": seconds, "runs": runs,
               "cpu_seconds_per_step": cpu_seconds, "cpu_runs": cpu_runs, "compile_seconds": compile_seconds,
               "tokens_per_second": {n: tokens / s for n, s in seconds.items()}, "last_loss": losses,

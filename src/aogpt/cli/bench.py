@@ -17,6 +17,7 @@ from aogpt.cli.bench_common import (
     run_flags,
     setup,
     size_flags,
+    usable_precisions,
 )
 from aogpt.cli.bench_kernels import add_kernel_benchmarks
 from aogpt.cli.bench_serve import add_serve_benchmark
@@ -63,8 +64,9 @@ def add_parser(subparsers: Any) -> None:
     size_flags(g)
     run_flags(g)
     g.add_argument("--dtype", default="auto", metavar="P,P,...",
-                   help="the models' precision, several timed side by side: auto, fp32, bf16 (default auto: bf16 "
-                   "where the hardware has bf16 units)")
+                   help="the models' precision, several timed side by side: auto, fp32 (float32), bf16 (bfloat16), "
+                   "fp16 (float16) (default auto: bf16 where the hardware has bf16 units; one this CPU cannot "
+                   "compute in is skipped with a note)")
     g.set_defaults(func=run_generate)
 
     d = sub.add_parser("density", help="cost of one exact likelihood: decoder 1 pass vs encoder n passes",
@@ -106,8 +108,9 @@ def add_parser(subparsers: Any) -> None:
     t.add_argument("--steps", type=REPEATS, default=None, help="timed steps per variant, median reported (default 5)")
     t.add_argument("--warmup", type=int_arg(ge=0, le=1000), default=None, help="untimed steps first (default 2)")
     t.add_argument("--dtype", default="auto", metavar="P,P,...",
-                   help="precisions timed side by side: auto, fp32, bf16 (default auto: bf16 where the hardware "
-                   "has bf16 units)")
+                   help="precisions timed side by side: auto, fp32 (float32), bf16 (bfloat16), fp16 (float16) "
+                   "(default auto: bf16 where the hardware has bf16 units; one this CPU cannot compute in is "
+                   "skipped with a note)")
     t.add_argument("--preset", default=None, help="time this preset's model and training recipe (e.g. quickstart; "
                    "vocabulary from --vocab, default 512 with a preset)")
     t.add_argument("--profile", action="store_true",
@@ -211,9 +214,7 @@ def run_generate(args: argparse.Namespace) -> int:
     lengths = sorted(set(lengths))
     steps = {n: bg.resolve_steps(specs, n) for n in lengths}
     repeats = _pick(args.repeats, q, "repeats", 3, args.quick)
-    from aogpt.bench.train_step import parse_dtypes
-
-    dtypes = parse_dtypes(args.dtype)
+    dtypes = usable_precisions(args)
     total = repeats * len(dtypes) * sum(len(steps[n]) if bg.METHODS[m].every_t else 1 for n in lengths for m in methods)
     bar, update = progress_bar(total, args, "bench generate")
     try:
@@ -299,7 +300,7 @@ def run_train(args: argparse.Namespace) -> int:
         result = bt.bench_train(
             block=block, batch=batch, size=size, variants=variants, steps=steps,
             warmup=_pick(args.warmup, q, "warmup", 2, args.quick), device=args.device, seed=args.seed,
-            dtypes=bt.parse_dtypes(args.dtype), preset=args.preset, profile=args.profile,
+            dtypes=usable_precisions(args), preset=args.preset, profile=args.profile,
             paths=[p.strip() for p in args.paths.split(",")], limit=not args.no_limit, out=args.out,
             progress=update)
     finally:

@@ -62,6 +62,18 @@ def setup(args: argparse.Namespace) -> None:
                      "with 1 thread (--threads N to choose)")  # told once the timing starts (`progress_bar`)
 
 
+def usable_precisions(args: argparse.Namespace) -> list[str]:
+    """`--dtype P,P,...` in the short names of `aogpt.precision`, less those this CPU cannot compute
+    in (each said in one line, before any timing; all of them missing is refused)."""
+    from aogpt.device import resolve_device
+    from aogpt.precision import parse_list, usable_only
+
+    names, skipped = usable_only(parse_list(args.dtype), resolve_device(args.device))
+    for note in skipped:
+        print(f"note: {note}", file=sys.stderr)
+    return names
+
+
 def report(args: argparse.Namespace, command: str, result: dict[str, Any], markdown: str) -> int:
     print(markdown)
     files = result.get("files", {})

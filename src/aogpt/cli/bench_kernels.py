@@ -4,6 +4,7 @@ kernel `auto` picks marked (`aogpt.bench.attention`; docs/benchmarks.md)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from aogpt.cli.bench_common import REPEATS, progress_bar, report, run_flags, setup
@@ -23,7 +24,9 @@ def add_kernel_benchmarks(sub: Any) -> None:
     a.add_argument("--head-dim", type=int_arg(ge=1, le=1024), default=64, help="head size (default 64)")
     a.add_argument("--decode-queries", type=int_arg(ge=1, le=8192), default=8,
                    help="queries of the decode-step case (default 8)")
-    a.add_argument("--dtype", default="fp32,bf16", metavar="P,P,...", help="precisions (default fp32,bf16)")
+    a.add_argument("--dtype", default="fp32,bf16", metavar="P,P,...",
+                   help="precisions: fp32 (float32), bf16 (bfloat16), fp16 (float16), fp64 (float64) (default "
+                   "fp32,bf16; one this CPU cannot compute in is skipped with a note)")
     a.add_argument("--repeats", type=REPEATS, default=15, help="timed calls per kernel, median reported (default 15)")
     run_flags(a, checkpoints=False)
     a.set_defaults(func=run_attention)
@@ -32,12 +35,15 @@ def add_kernel_benchmarks(sub: Any) -> None:
 def run_attention(args: argparse.Namespace) -> int:
     from aogpt.bench.attention import bench_attention
     from aogpt.bench.attention import to_markdown as attention_markdown
-    from aogpt.device import resolve_dtype
+    from aogpt.device import resolve_device
+    from aogpt.precision import WEIGHTS, parse_list, usable_only
 
     setup(args)
-    dtypes = tuple(d.strip() for d in args.dtype.split(","))
-    for d in dtypes:
-        resolve_dtype(d)  # an unknown name is refused before any work
+    names, skipped = usable_only(parse_list(args.dtype, tuple(n for n in WEIGHTS if n != "auto")),
+                                 resolve_device(args.device))  # refused before any work
+    dtypes = tuple(names)
+    for note in skipped:
+        print(f"note: {note}", file=sys.stderr)
     if args.quick:
         args.batch, args.heads, args.block, args.head_dim, args.decode_queries, args.repeats = 2, 2, 16, 8, 2, 2
     bar, update = progress_bar(4 * len(dtypes), args, "bench attention")

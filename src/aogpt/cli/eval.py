@@ -15,10 +15,11 @@ import torch
 from aogpt.cli.common import add_common, config_arg, emit_json, int_arg, path_arg, positive_int, progress
 from aogpt.cli.sample import MAX_SAMPLES
 from aogpt.config import ModelConfig
-from aogpt.device import PRECISION_NAMES, auto_precision, resolve_device, resolve_dtype
+from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
 from aogpt.generation.settings import DecodePlan
 from aogpt.orders import ADAPTIVE
+from aogpt.precision import WEIGHTS, name_of, precision_arg, weights_precision
 from aogpt.sampling import SamplingConfig
 
 LENGTH = config_arg(ModelConfig, "block_size")  # tokens per block or sample: a model context
@@ -54,9 +55,10 @@ def add_parser(subparsers: Any) -> None:
                    "the context is refused")
     p.add_argument("--wrap", action="store_true", help="MDLM's wrapped packing: EOS + (block_len-2) tokens + EOS")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
-    p.add_argument("--dtype", choices=("float32", "float64", "bfloat16", "auto"), default="float32",
-                   help="model weights' dtype for evaluation (default float32; auto: bfloat16 where the "
-                   "hardware has bf16 units, as training's default)")
+    p.add_argument("--dtype", type=precision_arg(WEIGHTS), default="fp32", metavar="P",
+                   help="the model's weights for evaluation: fp32 (float32, the default), fp64 (float64), bf16 "
+                   "(bfloat16), fp16 (float16), or auto (bf16 where the hardware has bf16 units, as training's "
+                   "default)")
     f = p.add_argument_group("infilling (docs/evaluation.md, \"Infilling\")")
     f.add_argument("--infill", action="store_true",
                    help="score held-out spans exactly given the text on both sides (and given the prefix only), "
@@ -341,8 +343,8 @@ def run(args: argparse.Namespace) -> int:
     from aogpt.data import zeroshot
 
     device = resolve_device(args.device)
-    dtype = (auto_precision(device)[0] or torch.float32) if args.dtype == "auto" else resolve_dtype(args.dtype)
-    args.precision = PRECISION_NAMES[dtype]
+    dtype, _ = weights_precision(args.dtype, device)
+    args.precision = name_of(dtype)
     sets = list(args.data) + (zeroshot.names(args.suite) if args.suite else [])
     wants_genppl = args.genppl is not None or args.genppl_samples is not None
     if args.genppl is not None and args.genppl_samples is not None:

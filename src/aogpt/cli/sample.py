@@ -11,10 +11,11 @@ import torch
 
 from aogpt.cli.common import add_common, config_arg, emit_json, int_arg, path_arg, progress
 from aogpt.config import ModelConfig
-from aogpt.device import PRECISION_NAMES, resolve_device, resolve_dtype
+from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
 from aogpt.generation.settings import MAX_DRAFT, DecodePlan, GenerationSettings, SamplingConfig
 from aogpt.orders import is_adaptive, make_order_sampler
+from aogpt.precision import WEIGHTS, check_usable, name_of, precision_arg, to_dtype, usable_note
 
 MAX_SAMPLES = 100_000  # more would run for days on a CPU; run again with another --seed for more
 HELP = "sample text from a checkpoint: unconditional, continuing a prompt, or filling [MASK:k] blanks"
@@ -81,10 +82,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--no-cache", action="store_true",
                    help="recompute every slot at every step instead of using the KV cache (slow; for comparison)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
-    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
-                   help="the model's weights for the forward passes: auto (whichever of float32 and bfloat16 "
-                   "generates faster with this model on this machine, timed once; float32 where bf16 is not "
-                   "native), float32, bfloat16; draws stay in float64")
+    p.add_argument("--dtype", type=precision_arg(WEIGHTS), default="auto", metavar="P",
+                   help="the model's weights for the forward passes: auto (whichever of fp32 and bf16 generates "
+                   "faster with this model on this machine, timed once; fp32 where the CPU has no bf16 units), "
+                   "fp32 (float32), bf16 (bfloat16), fp16 (float16), fp64 (float64); draws stay in float64")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_common(p)
     p.set_defaults(func=run)
@@ -258,9 +259,10 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     device = resolve_device(args.device)
     known_words = _training_words(args.word_check) if args.word_check is not None else None
-    dtype = torch.float32 if args.dtype == "auto" else resolve_dtype(args.dtype)
+    dtype = torch.float32 if args.dtype == "auto" else to_dtype(args.dtype)
+    check_usable(dtype, device)  # an explicit precision this CPU cannot compute in: one line, before any work
     loaded = load(args.checkpoint, weights=args.weights, device=device, dtype=dtype)
-    why = f"{PRECISION_NAMES[dtype]} (asked for)"
+    why = f"{name_of(dtype)} (asked for{usable_note(dtype, device)})"
     if args.dtype == "auto":  # the faster precision for this model and batch, measured once per process
         from aogpt.generation.precision import fastest_precision
 
@@ -333,7 +335,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"command": "sample", "checkpoint": str(loaded.path), "step": loaded.step,
                    "weights": args.weights,
-                   "precision": PRECISION_NAMES[dtype], "precision_why": why, "samples": res.texts,
+                   "precision": name_of(dtype), "precision_why": why, "samples": res.texts,
                    "tokens": res.tokens.tolist(),
                    "timing": res.timing, "settings": res.settings, **extra,
                    **({"word_share": share.share, "words": share.total} if share is not None else {})})

@@ -10,6 +10,7 @@ from typing import Any
 from aogpt import compiling
 from aogpt.cli.common import add_common, config_arg, emit_json, finite_float, path_arg
 from aogpt.config import ModelConfig, TrainConfig
+from aogpt.precision import AUTOCAST, precision_arg
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -55,8 +56,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="checkpoints to keep (default 2; 0 keeps all)")
     p.add_argument("--ema-decay", type=config_arg(TrainConfig, "ema_decay"), help="EMA decay, in [0, 1)")
     p.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
-    p.add_argument("--dtype", help="auto (bf16 autocast on a GPU or a CPU with native bf16, else fp32), "
-                   "float32, bfloat16")
+    p.add_argument("--dtype", type=precision_arg(AUTOCAST), metavar="P",
+                   help="auto (bf16 autocast on a GPU or a CPU with bf16 units, else fp32), fp32 (float32), "
+                   "bf16 (bfloat16), fp16 (float16)")
     p.add_argument("--compile", choices=("auto", "on", "off"),
                    help="torch.compile the training step: auto (default: for runs of 5 minutes or more, where a "
                    "C++ compiler is found on the CPU; the compile time counts in --max-minutes), on, off")

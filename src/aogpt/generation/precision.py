@@ -6,8 +6,9 @@ small-block kernels, attention over a growing cache), and it depends on the mode
 vocabulary. So ``--dtype auto`` for generation is decided by a probe: `fastest_precision` times
 a short generation (one token per step, the caller's batch) of the model at hand in fp32 and in
 bf16, interleaved, and keeps the faster; the answer is cached for the process, keyed by the model's
-shapes, the batch, the device and the thread count. Where bf16 is not native (no avx512_bf16 / AMX)
-it is fp32 without a probe; on CUDA it is bf16. docs/generation.md has the figures behind it.
+shapes, the batch, the device and the thread count. Where bf16 is not native (`aogpt.capability`: no
+avx512_bf16 / AMX / ARM bf16) it is fp32 without a probe; on CUDA it is bf16. docs/generation.md has
+the figures behind it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 
 import torch
 
-from aogpt.device import cpu_bf16_flags
+from aogpt import capability
 
 PROBE_LENGTH = 32  # tokens generated per probe run: enough steps to amortise the per-call set-up
 PROBE_ROUNDS = 3  # interleaved fp32 / bf16 runs, median of each
@@ -45,8 +46,9 @@ def fastest_precision(model: torch.nn.Module, batch: int) -> tuple[torch.dtype, 
     device = next(model.parameters()).device
     if device.type == "cuda":
         return torch.bfloat16, "bf16 (auto: a CUDA GPU)"
-    if device.type != "cpu" or not cpu_bf16_flags():
-        return torch.float32, f"fp32 (auto: no native bf16 on this {device.type})"
+    if device.type != "cpu" or not capability.native_precision(torch.bfloat16):
+        where = f"this CPU, {capability.cpu_class()}," if device.type == "cpu" else f"this {device.type}"
+        return torch.float32, f"fp32 (auto: {where} has no bf16 units)"
     key = probe_key(model, batch)
     if key not in _CACHE:
         length = min(PROBE_LENGTH, model.config.block_size)

@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from aogpt.config import TrainConfig
-from aogpt.device import resolve_precision
 from aogpt.errors import AOGPTError
 from aogpt.families import family_of, unwrap
+from aogpt.precision import resolve_precision
 from aogpt.train import distributed
 from aogpt.train.recipe import distilled_loss
 from aogpt.train.schedule import LRSchedule
@@ -26,14 +26,12 @@ from aogpt.validation import field_range
 
 
 def autocast_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype of training (None: fp32); `auto` is `aogpt.device.auto_precision`'s choice."""
+    """The autocast dtype of training (None: fp32); `auto` is `aogpt.precision.auto_precision`'s choice."""
     return training_precision(cfg, device)[0]
 
 
 def training_precision(cfg: TrainConfig, device: torch.device) -> tuple[torch.dtype | None, str]:
     """(autocast dtype or None for fp32, a line saying which and why): what the plan line prints."""
-    if cfg.dtype not in ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16"):
-        raise AOGPTError(f"unknown dtype {cfg.dtype!r}", "use auto, float32 or bfloat16")
     return resolve_precision(cfg.dtype, device)
 
 
