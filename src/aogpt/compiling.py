@@ -23,7 +23,12 @@ from aogpt.capability import COMPILERS, c_compiler
 from aogpt.errors import AOGPTError
 
 CHOICES = ("auto", "on", "off")
-AUTO_MIN_MINUTES = 5.0  # `auto` compiles a run with a time budget of at least this (compiling pays back in 1-2 min)
+AUTO_MIN_MINUTES = 5.0  # on CUDA, `auto` compiles a run with a time budget of at least this
+# On the CPU, `auto` compiles a time-budgeted run where compiling saves more time than it costs: the
+# compiled training step's time over the eager one's, per precision, and the seconds a first (cold)
+# compile takes, measured on this project's CPU classes (docs/cpu.md, "Compiling where it pays").
+COMPILED_STEP_SHARE = {"bf16": 0.87, "fp16": 0.87, "fp32": 0.93}
+COLD_COMPILE_SECONDS = 45.0
 
 
 def normalize_choice(value: str | bool) -> str:
@@ -75,11 +80,22 @@ def check_compiler(device: torch.device) -> None:
                          "install one (e.g. apt-get install g++), or pass --compile off")
 
 
+def compile_pays(max_minutes: float, precision: str) -> tuple[bool, str]:
+    """Whether compiling a CPU run of `max_minutes` in `precision` (fp32, bf16) saves more than it
+    costs, and the figures that decide it in words."""
+    share = COMPILED_STEP_SHARE.get(precision, 1.0)
+    saved = max_minutes * 60.0 * (1 - share)
+    pays = saved > COLD_COMPILE_SECONDS
+    return pays, (f"compiling costs about {COLD_COMPILE_SECONDS:.0f} s the first time and saves about {saved:.0f} s "
+                  f"of a {max_minutes:g}-minute {precision} run ({100 * (1 - share):.0f}% a step)")
+
+
 def decide_training(choice: str | bool, device: torch.device, *, max_minutes: float, world_size: int = 1,
-                    fsdp: bool = False) -> tuple[bool, str]:
+                    fsdp: bool = False, precision: str = "fp32") -> tuple[bool, str]:
     """(compile the training step?, why, in words for the plan line). `auto` compiles a single-process
-    run on the CPU (with a C++ compiler) or CUDA under a time budget of at least `AUTO_MIN_MINUTES`:
-    the decision depends on the configuration only, so a resumed run decides as the original did."""
+    run under a time budget: on the CPU (with a C++ compiler) where it pays within the budget
+    (`compile_pays`, by the run's `precision`), on CUDA from `AUTO_MIN_MINUTES`. The decision depends
+    on the configuration only, so a resumed run decides as the original did."""
     choice = normalize_choice(choice)
     if choice == "off":
         return False, "off (--compile off)"
@@ -92,7 +108,14 @@ def decide_training(choice: str | bool, device: torch.device, *, max_minutes: fl
         return False, "off (auto: no C++ compiler found; install g++ to compile)"
     if fsdp or world_size > 1:
         return False, "off (auto: not used with several processes; --compile on to try)"
-    if max_minutes < AUTO_MIN_MINUTES:  # without a time budget the run's length is unknown before it starts
+    if max_minutes <= 0:  # without a time budget the run's length is unknown before it starts
+        return False, "off (auto: compiled only under a time budget, --max-minutes; --compile on to compile)"
+    if device.type == "cpu":
+        pays, figures = compile_pays(max_minutes, precision)
+        if not pays:
+            return False, f"off (auto: {figures}; --compile on to compile)"
+        return True, f"on (auto: {figures}; the compile time is counted in the budget)"
+    if max_minutes < AUTO_MIN_MINUTES:
         return False, (f"off (auto: compiled only under a time budget of at least {AUTO_MIN_MINUTES:g} minutes; "
                        "--compile on to compile)")
     return True, f"on (auto: a {max_minutes:g}-minute budget; the compile time is counted in it)"

@@ -224,6 +224,13 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                       order="mixture:0.3", curriculum="l2r@100,mallows:4..0.05@600", lr_schedule="wsd", decay_share=0.2,
                       eval_interval=250, eval_batches=8, log_interval=10, ckpt_interval=1000, ema_decay=0.99),
     },
+    "auto": {  # the quickstart's recipe with the model sized at the start to the compute the time budget holds on
+        # this machine (aogpt.train.sizing: width, heads and the curriculum's stages chosen before the first step)
+        "model": dict(n_layer=4, n_head=3, n_embd=192, block_size=128, target_dim=128),
+        "train": dict(batch_size=16, max_steps=100_000, max_minutes=10.0, lr=3e-3, min_lr=3e-4, warmup_steps=20,
+                      order="mixture:0.3", curriculum="l2r@100,mallows:4..0.05@600", lr_schedule="wsd", decay_share=0.2,
+                      eval_interval=250, eval_batches=8, log_interval=10, ckpt_interval=1000, ema_decay=0.99),
+    },
     "adapt": {  # fine-tuning an adapted checkpoint (`aogpt adapt` writes it as the checkpoint's recipe): the
         # recipe measured in docs/adapt.md. The model is the checkpoint's; these are the train fields only.
         "model": {},

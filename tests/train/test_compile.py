@@ -13,9 +13,14 @@ from tests.train.runs import make
 CPU = torch.device("cpu")
 
 
-def test_auto_compiles_a_single_process_run_under_a_long_enough_budget(monkeypatch):
+def test_auto_compiles_a_single_process_run_where_it_pays_within_its_budget(monkeypatch):
     monkeypatch.setattr(compiling, "c_compiler", lambda: "/usr/bin/g++")
-    assert compiling.decide_training("auto", CPU, max_minutes=10)[0]
+    for precision, share in compiling.COMPILED_STEP_SHARE.items():
+        pays_from = compiling.COLD_COMPILE_SECONDS / (60 * (1 - share))  # minutes where the saving passes the cost
+        assert compiling.decide_training("auto", CPU, max_minutes=pays_from * 1.05, precision=precision)[0]
+        compiled, why = compiling.decide_training("auto", CPU, max_minutes=pays_from * 0.95, precision=precision)
+        assert not compiled and f"costs about {compiling.COLD_COMPILE_SECONDS:.0f} s" in why
+    assert compiling.decide_training("auto", CPU, max_minutes=60)[0]
     assert not compiling.decide_training("auto", CPU, max_minutes=0)[0]  # no budget: length unknown
     assert not compiling.decide_training("auto", CPU, max_minutes=2)[0]  # too short to pay back
     assert not compiling.decide_training("auto", CPU, max_minutes=10, world_size=2)[0]
@@ -27,7 +32,7 @@ def test_auto_compiles_a_single_process_run_under_a_long_enough_budget(monkeypat
 
 def test_no_cpp_compiler_turns_auto_off_and_refuses_on(monkeypatch):
     monkeypatch.setattr(compiling, "c_compiler", lambda: None)
-    compiled, why = compiling.decide_training("auto", CPU, max_minutes=10)
+    compiled, why = compiling.decide_training("auto", CPU, max_minutes=60)
     assert not compiled and "no C++ compiler" in why
     with pytest.raises(AOGPTError, match="needs a C\\+\\+ compiler"):
         compiling.decide_training("on", CPU, max_minutes=10)

@@ -10,7 +10,7 @@ from typing import Any
 from aogpt import compiling
 from aogpt.cli.common import add_common, config_arg, emit_json, finite_float, path_arg
 from aogpt.config import ModelConfig, TrainConfig
-from aogpt.precision import AUTOCAST, precision_arg
+from aogpt.precision import AUTOCAST, name_of, precision_arg
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -154,10 +154,12 @@ def _print_plan(plan: Any) -> None:
     if describe_recipe(tc):
         print(describe_recipe(tc), flush=True)
     device = resolve_device(tc.device)
-    _, why = training_precision(tc, device)
+    amp, why = training_precision(tc, device)
     print(f"precision: {why} (fp32 weights and optimizer state)", flush=True)
+    if plan.sizing_why:
+        print(plan.sizing_why, flush=True)
     compiled, how = compiling.decide_training(tc.compile, device, max_minutes=tc.max_minutes,
-                                              world_size=plan.info.world_size, fsdp=tc.fsdp)
+                                              world_size=plan.info.world_size, fsdp=tc.fsdp, precision=name_of(amp))
     where = f"; kernels cached in {compiling.cache_dir()}, so a second run compiles in seconds" if compiled else ""
     print(f"compile: {how}{where}", flush=True)
 

@@ -39,7 +39,7 @@ from aogpt.errors import AOGPTError
 from aogpt.families import family
 from aogpt.io import directory_lock, ensure_writable_dir, remove_stale_temporaries, write_json
 from aogpt.memory import check_fits, parameter_count, training_bytes
-from aogpt.train import distributed
+from aogpt.train import distributed, sizing
 from aogpt.train.recipe import left_to_right_share, teacher_cost
 from aogpt.train.step import accumulation_steps
 from aogpt.train.throughput import flops_per_token
@@ -83,6 +83,7 @@ class RunPlan:
     show_progress: bool = True
     dry_run: bool = False
     recipe_why: str = ""  # why this preset: said on the plan line when a checkpoint carried it
+    sizing_why: str = ""  # how `--preset auto` sized the model here (aogpt.train.sizing), for the plan line
 
     @property
     def tokenizer(self) -> Any:
@@ -365,6 +366,9 @@ def plan(out: Path | str, *, data: Path | str | None = None, preset: str | None 
     if train_cfg.fsdp and not distributed.launched_by_torchrun():
         raise AOGPTError("--fsdp shards the model over several processes", "launch with torchrun, or drop --fsdp")
     device = resolve_device(train_cfg.device, int(os.environ.get("LOCAL_RANK", 0)))
+    sizing_why = ""
+    if preset == sizing.AUTO_PRESET and resume_from is None and not train_cfg.init_from:
+        model_cfg, train_cfg, sizing_why = _sized(model_cfg, train_cfg, model_over, train_over, device)
     world = int(os.environ.get("WORLD_SIZE", 1))
     sharers = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if device.type == "cpu" else 1
     check_fits(training_bytes(model_cfg, train_cfg.batch_size, world, train_cfg.fsdp), device,
@@ -373,7 +377,27 @@ def plan(out: Path | str, *, data: Path | str | None = None, preset: str | None 
     _check_fresh(out, resume_from)
     info = distributed.process_info(device.type)
     return RunPlan(model_cfg, train_cfg, info, out, data, resume_from, preset, data_dir, show_progress,
-                   recipe_why=recipe_why)
+                   recipe_why=recipe_why, sizing_why=sizing_why)
+
+
+def _sized(model_cfg: ModelConfig, train_cfg: TrainConfig, model_over: dict[str, Any], train_over: dict[str, Any],
+           device: Any) -> tuple[ModelConfig, TrainConfig, str]:
+    """`--preset auto`: width, heads and the curriculum's stages chosen for this machine's compute in the
+    time budget (`aogpt.train.sizing`); a field the user gave is kept as given, and sizing is skipped
+    when they gave the width."""
+    if "n_embd" in model_over or "n_head" in model_over:
+        return model_cfg, train_cfg, "size: as given (--set n_embd / n_head), not sized by --preset auto"
+    if train_cfg.max_minutes <= 0:
+        raise AOGPTError("--preset auto sizes the model to a time budget, and none was given",
+                         "pass --max-minutes M (the preset's default is 10), or use --preset quickstart")
+    kept = {k: v for k, v in model_over.items() if k != "vocab_size"}
+    choice = sizing.choose_size(model_cfg.variant, kept, train_cfg, vocab_size=model_cfg.vocab_size, device=device)
+    model_cfg = apply_overrides(model_cfg, choice.model_fields(), "model config").validate()
+    fields = {"extra": {**train_cfg.extra, "sizing": choice.measured}}
+    if "curriculum" not in train_over:
+        fields["curriculum"] = choice.curriculum
+    train_cfg = apply_overrides(train_cfg, fields, "train config").validate()
+    return model_cfg, train_cfg, choice.why
 
 
 def _check_fresh(out: Path, resume_from: Path | None) -> None:

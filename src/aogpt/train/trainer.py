@@ -22,6 +22,7 @@ from aogpt.errors import AOGPTError
 from aogpt.families import family
 from aogpt.model import Transformer
 from aogpt.orders import make_curriculum
+from aogpt.precision import name_of
 from aogpt.train import checkpointing, distributed, loop, recipe
 from aogpt.train.ema import EMA
 from aogpt.train.init import init_target_pathway
@@ -120,7 +121,7 @@ class Trainer:
         self.step_model = self.model
         self.compiled, self.compile_why = compiling.decide_training(
             cfg.compile, self.device, max_minutes=cfg.max_minutes,
-            world_size=self.info.world_size, fsdp=cfg.fsdp)
+            world_size=self.info.world_size, fsdp=cfg.fsdp, precision=name_of(self.amp))
         self.compile_seconds: float | None = None  # measured by `warm_up`
         if self.compiled:
             compiling.use_persistent_cache()
