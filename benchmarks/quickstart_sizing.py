@@ -17,8 +17,9 @@ A "10-minute budget" is turned into steps per (width, level) once, by `calibrate
 training step's median CPU time measured with `aogpt bench train` at one thread (CPU time, because a
 one-thread step's CPU time is its time on a quiet machine, whatever else the shared machine runs), and
 the steps that fit 600 s less 45 s for compiling (README's runs measured 34 s and 57 s) and 5% for
-validation and checkpoints (what a 10-minute `aogpt train --max-minutes 10` spends besides steps). The runs then train that many steps, so the
-shared machine's load (other jobs) cannot bias them; several run side by side (``--jobs``).
+validation and checkpoints (what a 10-minute `aogpt train --max-minutes 10` spends besides steps).
+The runs then train that many steps, so the shared machine's load (other jobs) cannot bias them;
+several run side by side (``--jobs``).
 
     python benchmarks/quickstart_sizing.py calibrate --out bench-results/quickstart-sizing
     python benchmarks/quickstart_sizing.py run --data data/shakespeare-bpe512 --out bench-results/quickstart-sizing
@@ -114,7 +115,8 @@ def one_run(data: Path, run: Path, level: str, width: int, seed: int, steps: int
         shutil.rmtree(run)
     run.mkdir(parents=True)
     start = time.perf_counter()
-    trained = last_json(aogpt(level, "train", "--preset", "quickstart", "--variant", "aogpt", "--data", str(data), "--out",
+    trained = last_json(aogpt(
+          level, "train", "--preset", "quickstart", "--variant", "aogpt", "--data", str(data), "--out",
           str(run / "train"), "--seed", str(seed), "--dtype", LEVELS[level]["dtype"], "--max-steps", str(steps),
           "--max-minutes", "0", "--compile", "on", "--set", f"n_embd={width}", "--set", f"n_head={WIDTHS[width]}",
           "--set", f"curriculum={curriculum(steps)}", "--no-progress", "--json", log=run / "train.log"))

@@ -86,8 +86,8 @@ def test_preset_auto_in_a_plan(tmp_path, bytes_data, monkeypatch):
     p = plan(tmp_path / "a", data=bytes_data, preset="auto", max_minutes=10, compile="off")
     assert p.sizing_why.startswith(f"size: width {p.model_cfg.n_embd}") and timer.calls
     assert p.train_cfg.extra["sizing"]["candidates"] and p.train_cfg.curriculum.startswith("l2r@")
-    given = plan(tmp_path / "b", data=bytes_data, preset="auto", max_minutes=10, overrides=["model.n_embd=64", "model.n_head=2"],
-                 curriculum="l2r@7")
+    given = plan(tmp_path / "b", data=bytes_data, preset="auto", max_minutes=10,
+                 overrides=["model.n_embd=64", "model.n_head=2"], curriculum="l2r@7")
     assert given.model_cfg.n_embd == 64 and "as given" in given.sizing_why and given.train_cfg.curriculum == "l2r@7"
     with pytest.raises(AOGPTError, match="--preset auto sizes the model to a time budget"):
         plan(tmp_path / "c", data=bytes_data, preset="auto", max_minutes=0, max_steps=5)
