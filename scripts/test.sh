@@ -8,7 +8,7 @@
 # pytest (the whole-suite pass only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh
+bash scripts/install.sh --tests
 CPU_CLASS_TESTS=(tests/test_capability.py tests/test_precision.py tests/test_inference.py tests/test_attention.py
                  tests/generation/test_precision.py tests/generation/test_generate.py tests/bench/test_generate.py
                  tests/cli/test_precision_flags.py tests/cli/test_sample.py)

@@ -18,7 +18,7 @@ def page(tmp_path):
     from playwright.sync_api import sync_playwright
 
     if not shutil.which(CHROMIUM):
-        pytest.fail("Debian's chromium is missing: bash scripts/install.sh installs it (apt-get install chromium)")
+        pytest.fail("Debian's chromium is missing: bash scripts/test.sh installs it (apt-get install chromium)")
     with sync_playwright() as p:
         context = p.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=CHROMIUM,
                                                        headless=True, args=FLAGS,
