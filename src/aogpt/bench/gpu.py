@@ -13,7 +13,6 @@ passed; a skipped check (no CUDA device, in ``--quick`` on a CPU) does not fail 
 from __future__ import annotations
 
 import platform
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -128,15 +127,15 @@ def _release(device: torch.device) -> None:
 def environment(device: torch.device) -> dict[str, Any]:
     """The device, driver, torch, CUDA and library versions the figures come from."""
     import os
+    from importlib import metadata
 
     env: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "cuda": torch.version.cuda,
                            "python": platform.python_version(), "machine": platform.machine(),
                            "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "cpu": _cpu_name()}
-    for lib in ("transformers", "numpy", "scipy"):
-        module = sys.modules.get(lib)
+    for lib in ("transformers", "numpy", "scipy"):  # read from the installed metadata: nothing imported
         try:
-            env[lib] = module.__version__ if module else __import__(lib).__version__
-        except ImportError:
+            env[lib] = metadata.version(lib)
+        except metadata.PackageNotFoundError:
             env[lib] = None
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

@@ -189,7 +189,7 @@ def estimate(plan: Plan, world: int = 1) -> dict[str, Any]:
                             + launches * 3 * 2 * len(plan.dist_dtypes) * plan.dist_steps * dist_step * world,
                             "launches": launches, "how": "torchrun launches (assumed) + the steps' roofline"}
     total = ASSUMED_S["startup"] + sum(p["seconds"] for p in parts.values())
-    over = [p for p in PARTS if parts[p]["seconds"] > plan.shares[p]]
+    over = [p for p in PARTS if parts[p]["seconds"] > plan.shares.get(p, math.inf)]
     return {"rates": asdict(H100), "assumptions": {"matmul_share": MATMUL_SHARE, "bytes_share": BYTES_SHARE,
                                                    "launch_s": LAUNCH_S, **ASSUMED_S},
             "parts": parts, "total_seconds": total, "limit_seconds": LIMIT_S,

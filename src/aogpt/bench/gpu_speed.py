@@ -246,7 +246,7 @@ def compiled_loss(ctx: Context, trainer: Any) -> None:
     idx = idx.to(trainer.device)
     scratch = torch.Generator(trainer.device).manual_seed(0)
     with autocast(trainer.device, trainer.amp):
-        compiled = float(training_loss(trainer.step_model, idx, order, scratch))
+        compiled = float(training_loss(trainer.step_model, idx, order, scratch).detach())
         with torch.no_grad():
             eager = float(training_loss(trainer.raw, idx, order, scratch))
     trainer.optimizer.zero_grad(set_to_none=True)
