@@ -76,13 +76,24 @@ def _launch(spec: dict[str, Any], world: int, timeout: float) -> dict[str, Any]:
         try:
             output, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+            _end(proc)
             raise RuntimeError(f"torchrun with {world} processes did not finish in {timeout:.0f} s") from None
+        except BaseException:  # this process is being stopped: the ranks go with it
+            _end(proc)
+            raise
         if proc.returncode != 0 or not out_path.is_file():
             tail = "\n".join(output.strip().splitlines()[-15:])
             raise RuntimeError(f"torchrun with {world} processes exited with {proc.returncode}: {tail}")
         return json.loads(out_path.read_text(encoding="utf-8"))
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """End torchrun and its ranks (their own process group)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.communicate()
 
 
 def train_losses(spec: dict[str, Any], precision: str, *, fsdp: bool, info: Any = None) -> list[float]:

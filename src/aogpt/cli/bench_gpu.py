@@ -4,6 +4,7 @@ docs/gpu.md). Exit status 0 when every check passed, 1 when one failed or a part
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from typing import Any
 
@@ -75,11 +76,13 @@ def run_gpu(args: argparse.Namespace) -> int:
     say, close = _reporter(len(parts), args)
     if getattr(args, "note", None):
         say("detail", args.note)
+    previous = signal.signal(signal.SIGTERM, _stopped)  # a time limit's SIGTERM: clean up, keep the report
     try:
         with directory_lock(args.out, "aogpt bench gpu", inside=True):
             run = Run(plan, device, seed=args.seed, out=args.out, parts=parts, say=say)
             summary = run.execute()
     finally:
+        signal.signal(signal.SIGTERM, previous)
         close()
     from aogpt.bench.gpu_report import to_markdown
 
@@ -91,6 +94,13 @@ def run_gpu(args: argparse.Namespace) -> int:
                    "checks": summary["checks"], "parts": {n: p["status"] for n, p in summary["parts"].items()},
                    "seconds": summary["seconds"], "files": summary["files"]})
     return 0 if summary["passed"] else 1
+
+
+def _stopped(signum: int, frame: Any) -> None:
+    """SIGTERM (a time limit): leave through the `finally` blocks (torchrun's ranks are ended, the lock
+    released); the report on disk holds every part finished, the one running marked so."""
+    print(f"stopped by signal {signum}: the report holds the parts finished so far", file=sys.stderr, flush=True)
+    raise SystemExit(128 + signum)
 
 
 def _reporter(total: int, args: argparse.Namespace) -> tuple[Any, Any]:
