@@ -175,3 +175,31 @@ def test_the_distributed_worker_records_each_mode_apart(tmp_path):
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["ddp/fp32"] == gpu_distributed.train_losses(spec, "fp32", fsdp=False)
     assert "FSDP shards the model over several processes" in out["fsdp/fp32"]
+
+
+def test_fp32_comparisons_run_with_tf32_off_though_a_trainer_turns_it_on(monkeypatch):
+    """On CUDA building a Trainer turns TF32 on; the device-vs-CPU fp32 checks must still compare fp32."""
+    from aogpt.train import step as step_module
+    from aogpt.train import trainer as trainer_module
+
+    build, call, seen = trainer_module.Trainer._build_model, step_module.OptimizerStep.__call__, []
+
+    def build_like_cuda(self):
+        build(self)
+        torch.backends.cuda.matmul.allow_tf32 = True
+
+    def recording(self, *args, **kwargs):
+        seen.append(torch.backends.cuda.matmul.allow_tf32)
+        return call(self, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module.Trainer, "_build_model", build_like_cuda)
+    monkeypatch.setattr(step_module.OptimizerStep, "__call__", recording)
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        with gpu_checks.exact_fp32():
+            gpu_checks.training_step_vs_cpu(_ctx())
+        assert seen and not any(seen)
+        assert torch.backends.cuda.matmul.allow_tf32 is True  # as it was before the checks
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before

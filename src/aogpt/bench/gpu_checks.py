@@ -66,11 +66,16 @@ def run(ctx: Context) -> None:
 def exact_fp32() -> Iterator[None]:
     """TF32 off for fp32 matrix products (restored after): fp32 comparisons mean fp32."""
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    tf32_off()
     try:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def tf32_off() -> None:
+    """Again after building a `Trainer`: on CUDA it turns TF32 on for training."""
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
 
 
 def dtype_of(name: str, device: torch.device) -> torch.dtype:
@@ -319,6 +324,7 @@ def training_step_vs_cpu(ctx: Context) -> None:
                                     dtype=precision, compile="off", seed=ctx.seed, eval_interval=10 ** 6,
                                     ckpt_interval=10 ** 6)
                 trainer = Trainer(size.config(variant, n), tcfg, data, out, show_progress=False)
+                tf32_off()
                 got = []
                 for step, (idx, order) in enumerate(zip(batches, orders, strict=True)):
                     got.append(trainer.optimizer_step(step, idx, order.to(trainer.device), trainer.order_gen).loss)
