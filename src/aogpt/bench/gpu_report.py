@@ -4,6 +4,7 @@ every part finished so far."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -102,9 +103,8 @@ def plot_figure5(result: dict[str, Any], out_png: Path) -> Path | None:
         ax.set_xlabel("generation steps T")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3, which="both")
-        plain = FuncFormatter(lambda v, _pos: f"{v:g}")
-        ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(plain)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(_two_and_five))
 
     def draw(axes: Any) -> None:
         panel(axes[0, 0], "seconds", f"seconds per batch of {result['batch']}", 1.0)
@@ -117,6 +117,14 @@ def plot_figure5(result: dict[str, Any], out_png: Path) -> Path | None:
                              f"{result.get('precision', '')}", fontsize=9)
 
     return save_png(draw, out_png, figsize=(11, 4.4), grid=(1, 2))
+
+
+def _two_and_five(value: float, _pos: Any = None) -> str:
+    """Minor log ticks labelled at 2 and 5 times a power of ten only (the rest stay unlabelled)."""
+    if value <= 0:
+        return ""
+    lead = round(value / 10 ** math.floor(math.log10(value)))
+    return f"{value:g}" if lead in (2, 5) else ""
 
 
 def plan_markdown(plan: Plan, est: dict[str, Any]) -> str:

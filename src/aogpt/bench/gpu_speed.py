@@ -24,6 +24,7 @@ import torch
 
 from aogpt.bench.common import check_memory, fmt_ratio, markdown_table, sync
 from aogpt.bench.gpu_parts import NO_CUDA, Context
+from aogpt.device import resolve_dtype
 
 TOL_COMPILED_LOSS = 1e-2  # relative: the compiled and eager bf16 forward round differently
 VARIANTS = ("gpt", "aogpt")
@@ -125,7 +126,8 @@ def training(ctx: Context) -> None:
                      f"first steps)")
         ctx.save()
     shapes = model_shapes(batch * block, size.n_embd)
-    rate = matmul_rate(shapes, torch.bfloat16, dev)
+    bf16 = resolve_dtype("bf16")
+    rate = matmul_rate(shapes, bf16, dev)
     flops = {v: counted_matmul_flops(lambda v=v: _eager_forward_backward(trainers[v])) for v in VARIANTS}
     runs: dict[str, list[float]] = {v: [] for v in VARIANTS}
     peaks: dict[str, int] = dict.fromkeys(VARIANTS, 0)
@@ -142,7 +144,7 @@ def training(ctx: Context) -> None:
             runs[v].append(time.perf_counter() - t0)
             if dev.type == "cuda":
                 peaks[v] = max(peaks[v], setup[v]["state_bytes"] + torch.cuda.max_memory_allocated(dev) - start_mem)
-    rate = faster_of(rate, matmul_rate(shapes, torch.bfloat16, dev))
+    rate = faster_of(rate, matmul_rate(shapes, bf16, dev))
     tokens = batch * block
     seconds = {v: statistics.median(r) for v, r in runs.items()}
     datasheet = peak_flops(dev)
