@@ -36,12 +36,10 @@ class Run:
     """One `aogpt bench gpu` run: its parts in order, the report rewritten as they finish."""
 
     def __init__(self, plan: Plan, device: torch.device, *, seed: int = 0, out: Path | None = None,
-                 parts: dict[str, PartFn] | None = None, only: list[str] | None = None,
-                 say: Callable[[str, str], None] | None = None):
+                 parts: dict[str, PartFn] | None = None, say: Callable[[str, str], None] | None = None):
         self.plan, self.device, self.seed, self.out = plan, device, seed, out
         self.functions = parts if parts is not None else default_parts()
-        names = [p for p in self.functions if only is None or p in only]
-        self.parts = {p: Part(p, plan.shares.get(p, 60.0)) for p in names}
+        self.parts = {p: Part(p, plan.shares.get(p, 60.0)) for p in self.functions}
         self._say = say
         self.started = time.time()
         self.environment = environment(device)
