@@ -33,6 +33,16 @@ def test_interleaved_medians_run_round_robin():
     assert calls == ["a", "b"] and len(runs["a"]) == 1  # a run longer than long_run is not repeated
 
 
+def test_no_repeat_starts_past_the_deadline_but_every_call_runs_once():
+    order = []
+    calls = {k: (lambda k=k: order.append(k)) for k in "ab"}
+    t = interleaved_timings(calls, CPU, repeats=3, deadline=time.monotonic() - 1.0)
+    assert order == ["a", "b"] and all(len(r) == 1 for r in t.wall_runs.values())
+    order.clear()
+    interleaved_timings(calls, CPU, repeats=3, deadline=time.monotonic() + 60.0)
+    assert order == ["a", "b"] * 3
+
+
 def test_interleaved_timings_measure_cpu_beside_wall():
     def spin() -> None:  # busy for 20 ms of CPU time, however long a loaded machine makes that in wall time
         end = time.process_time() + 0.02

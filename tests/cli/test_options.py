@@ -55,6 +55,7 @@ BASES = {  # an invocation that is valid on its own; the random options are adde
     "export": ["export", "{run}", "--out", "{t}/x.pt"],
     "serve": ["serve", "--checkpoint", "{run}", "--port", "0"],
     "bench serve": ["bench", "serve", "--checkpoint", "{run}", "--quick", "--out", "{t}/b", "--no-progress"],
+    "bench gpu": ["bench", "gpu", "--quick", "--out", "{t}/b", "--no-progress"],
 }
 
 
@@ -87,6 +88,7 @@ STAND_INS = [  # where each command's work begins, after every check
     "aogpt.hf.harness.AOGPTLM",
     "aogpt.serve.engine.Engine",  # serve
     "aogpt.bench.serve.bench_serve",
+    "aogpt.bench.gpu.Run",  # bench gpu
 ]
 
 

@@ -157,16 +157,18 @@ class Timings:
 
 
 def interleaved_timings(calls: dict[Any, Callable[[], Any]], device: torch.device, repeats: int,
-                        long_run: float = math.inf, progress: Callable[[Any], None] | None = None) -> Timings:
+                        long_run: float = math.inf, progress: Callable[[Any], None] | None = None,
+                        deadline: float | None = None) -> Timings:
     """Median wall and CPU seconds of every call over `repeats` rounds. Each round runs every call once,
     in order, so a change in the machine's load hits all contenders alike. A call whose first run took
     longer than `long_run` seconds is not repeated (its relative noise is already small, and the slow
-    baselines would otherwise dominate the run). progress(key) is called after every run, untimed."""
+    baselines would otherwise dominate the run). Past `deadline` (a `time.monotonic()` value) no further
+    repeat starts: every call still runs once. progress(key) is called after every run, untimed."""
     wall: dict[Any, list[float]] = {k: [] for k in calls}
     cpu: dict[Any, list[float]] = {k: [] for k in calls}
     for r in range(repeats):
         for key, fn in calls.items():
-            if r and wall[key][0] > long_run:
+            if r and (wall[key][0] > long_run or deadline is not None and time.monotonic() > deadline):
                 continue
             w, c = timed_cpu(fn, device)
             wall[key].append(w)

@@ -19,6 +19,7 @@ from aogpt.cli.bench_common import (
     size_flags,
     usable_precisions,
 )
+from aogpt.cli.bench_gpu import add_gpu_benchmark
 from aogpt.cli.bench_kernels import add_kernel_benchmarks
 from aogpt.cli.bench_serve import add_serve_benchmark
 from aogpt.cli.bench_training import add_training_benchmarks
@@ -164,12 +165,13 @@ def add_parser(subparsers: Any) -> None:
     add_training_benchmarks(sub)
     add_kernel_benchmarks(sub)
     add_serve_benchmark(sub)
+    add_gpu_benchmark(sub)
 
 
 def _missing(args: argparse.Namespace) -> int:
     raise AOGPTError("no benchmark named",
                      "use `aogpt bench generate`, `speculative`, `density`, `train`, `eval`, `prepare`, `adaptive`, "
-                     "`recipe` or `serve` "
+                     "`recipe`, `serve` or `gpu` "
                      "(`aogpt bench --help`)")
 
 

@@ -23,7 +23,7 @@ WATCHDOG_GRACE = 5.0  # seconds past the drain deadline after which a server tha
 
 
 def add_parser(subparsers: Any) -> None:
-    from aogpt.serve.engine import EngineLimits
+    from aogpt.serve.jobs import EngineLimits  # not the engine: it needs greenlet, this runs for every command
 
     p = subparsers.add_parser("serve", help=HELP, description=HELP + "; continuous batching with results identical "
                               "to `aogpt sample`/generate() for the same seed; a page at / (see docs/serve.md)")

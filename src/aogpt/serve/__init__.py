@@ -15,7 +15,18 @@ From Python, without HTTP::
         result = engine.run(length=64, seed=0)   # the same tokens as aogpt.generate(model, length=64, seed=0)
 """
 
-from aogpt.serve.engine import Engine
+from typing import Any
+
 from aogpt.serve.jobs import Busy, Cancelled, Draining, EngineLimits, Job
 
 __all__ = ["Busy", "Cancelled", "Draining", "Engine", "EngineLimits", "Job"]
+
+
+def __getattr__(name: str) -> Any:
+    """`Engine` on first use: it needs greenlet, which a machine without the server's packages lacks, and
+    the command line reads the limits (`EngineLimits`) of every command, `aogpt serve`'s too."""
+    if name == "Engine":
+        from aogpt.serve.engine import Engine
+
+        return Engine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
