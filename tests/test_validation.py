@@ -101,7 +101,7 @@ def test_train_config_cross_checks():
         TrainConfig(lr=0.1, min_lr=0.5).validate()
     with pytest.raises(AOGPTError, match="unknown device"):
         TrainConfig(device="gpu").validate()
-    with pytest.raises(AOGPTError, match="unknown dtype"):
+    with pytest.raises(AOGPTError, match="unknown precision"):
         TrainConfig(dtype="int8").validate()
     assert TrainConfig(max_steps=9, schedule_steps=0).decay_steps == 9
     assert TrainConfig(max_steps=9, schedule_steps=4).decay_steps == 4

@@ -9,6 +9,7 @@ import pytest
 from aogpt.bench.train_step import bench_train
 from aogpt.errors import AOGPTError
 from tests.bench import TINY
+from tests.helpers import needs_bf16
 
 
 def test_train_times_the_real_step_of_every_variant(tmp_path):
@@ -26,6 +27,7 @@ def test_bad_inputs():
         bench_train(variants=["bert"], size=TINY)
 
 
+@needs_bf16
 def test_precisions_side_by_side(tmp_path):
     res = bench_train(block=8, batch=2, size=TINY, steps=1, warmup=0, variants=["gpt", "aogpt"],
                       dtypes="fp32,bf16", profile=True, out=tmp_path)
