@@ -30,7 +30,7 @@ import torch
 
 from aogpt.bench.common import Size
 from aogpt.bench.gpu_parts import NO_CUDA, Context
-from aogpt.device import resolve_precision
+from aogpt.precision import to_dtype
 
 # Tolerances (absolute unless said): fp32 is the same function up to summation order; bf16 rounds every
 # activation to 8 bits of mantissa (a relative error near 0.4% per value).
@@ -79,8 +79,15 @@ def tf32_off() -> None:
 
 
 def dtype_of(name: str, device: torch.device) -> torch.dtype:
-    """fp32 or bf16 through the project's precision names (`aogpt.device.resolve_precision`)."""
-    return resolve_precision(name, device)[0] or torch.float32
+    """fp32 or bf16 through the project's precision names (`aogpt.precision`). Not refused on a CPU
+    without bf16 units: these checks are of numbers at tiny sizes, where emulated bf16 is fast enough."""
+    return to_dtype(name)
+
+
+def autocast_of(name: str) -> torch.dtype | None:
+    """The autocast dtype of a precision name: None for fp32."""
+    dtype = to_dtype(name)
+    return None if dtype == torch.float32 else dtype
 
 
 # ----------------------------------------------------------------------------- attention
@@ -291,7 +298,7 @@ def likelihood_vs_cpu(ctx: Context) -> None:
         with torch.no_grad():
             want = float(reference(idx, order)[1].mean())
             for precision, tol in (("fp32", TOL_FP32_NLL), ("bf16", TOL_BF16_NLL)):
-                with autocast(ctx.device, resolve_precision(precision, ctx.device)[0]):
+                with autocast(ctx.device, autocast_of(precision)):
                     got = float(on_device(idx.to(ctx.device), None if order is None else order.to(ctx.device))[1]
                                 .float().mean())
                 ctx.check(f"likelihood {label}, {precision}{' autocast' if precision != 'fp32' else ''} on "

@@ -24,7 +24,7 @@ import torch
 
 from aogpt.bench.common import check_memory, fmt_ratio, markdown_table, sync
 from aogpt.bench.gpu_parts import NO_CUDA, Context
-from aogpt.device import resolve_dtype
+from aogpt.precision import to_dtype
 
 TOL_COMPILED_LOSS = 1e-2  # relative: the compiled and eager bf16 forward round differently
 VARIANTS = ("gpt", "aogpt")
@@ -126,7 +126,7 @@ def training(ctx: Context) -> None:
                      f"first steps)")
         ctx.save()
     shapes = model_shapes(batch * block, size.n_embd)
-    bf16 = resolve_dtype("bf16")
+    bf16 = to_dtype("bf16")
     rate = matmul_rate(shapes, bf16, dev)
     flops = {v: counted_matmul_flops(lambda v=v: _eager_forward_backward(trainers[v])) for v in VARIANTS}
     runs: dict[str, list[float]] = {v: [] for v in VARIANTS}
