@@ -203,3 +203,14 @@ def test_fp32_comparisons_run_with_tf32_off_though_a_trainer_turns_it_on(monkeyp
         assert torch.backends.cuda.matmul.allow_tf32 is True  # as it was before the checks
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def test_a_cpu_without_bf16_trains_the_quick_parts_in_fp32(as_cpu):
+    """On an AVX2-only CPU (`--quick`), the training parts run in fp32 instead of being refused bf16."""
+    from aogpt import capability
+    from aogpt.bench.gpu_speed import train_precision
+
+    assert train_precision(torch.device("cuda")) == "bf16"
+    if capability.cpu().arch == "x86":
+        as_cpu("avx2")
+        assert train_precision(torch.device("cpu")) == "fp32"

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from aogpt.bench.gpu_parts import NO_CUDA, Context
+from aogpt.precision import to_dtype
 
 WORKER = "aogpt.bench.gpu_distributed"
 MODES = ("ddp", "fsdp")
@@ -34,18 +35,25 @@ def run(ctx: Context) -> None:
     p = ctx.plan
     count = torch.cuda.device_count() if ctx.cuda else 1
     worlds = [1] + ([count] if count > 1 else [])
+    dtypes = list(p.dist_dtypes)
+    if not ctx.cuda:  # a CPU without bf16 (AVX2) is refused it: the fp32 runs still check the code paths
+        from aogpt import capability
+
+        for d in [d for d in dtypes if d != "fp32" and not capability.usable_precision(to_dtype(d))]:
+            ctx.skip(f"DDP and FSDP2, {d}", f"this CPU ({capability.cpu_class()}) has no {d} units")
+            dtypes.remove(d)
     if count == 1:
         ctx.skip("distributed over every visible GPU", "one GPU visible" if ctx.cuda else NO_CUDA)
     for world in worlds:
         spec = {"size": list(p.dist_size.to_dict().values()), "block": p.dist_block, "batch": p.dist_batch,
-                "steps": p.dist_steps, "dtypes": list(p.dist_dtypes), "device": "cuda" if ctx.cuda else "cpu",
+                "steps": p.dist_steps, "dtypes": dtypes, "device": "cuda" if ctx.cuda else "cpu",
                 "seed": ctx.seed, "accum": 1, "threads": 1 if not ctx.cuda else None}
         ranks = _launch(spec, world, timeout=max(60.0, ctx.left() + 60.0))
         procs = f"{world} process{'es' if world > 1 else ''}"
         ctx.progress(f"{procs}: torchrun finished")
-        reference = {d: train_losses({**spec, "accum": world}, d, fsdp=False) for d in p.dist_dtypes}
+        reference = {d: train_losses({**spec, "accum": world}, d, fsdp=False) for d in dtypes}
         for mode in MODES:
-            for d in p.dist_dtypes:
+            for d in dtypes:
                 name = f"{'DDP' if mode == 'ddp' else 'FSDP2'}, {procs}, {d}: loss per step = one process's"
                 got = ranks.get(f"{mode}/{d}")
                 if not isinstance(got, list):

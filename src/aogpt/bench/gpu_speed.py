@@ -31,6 +31,14 @@ VARIANTS = ("gpt", "aogpt")
 
 
 # ----------------------------------------------------------------------------- Figure 5
+
+def train_precision(device: torch.device) -> str:
+    """bf16 autocast on a GPU; on a CPU (``--quick``) bf16 where it computes in it, else fp32, which an
+    AVX2-only CPU is refused bf16 for (`aogpt.precision`)."""
+    from aogpt import capability
+
+    return "bf16" if device.type == "cuda" or capability.usable_precision(torch.bfloat16) else "fp32"
+
 def figure5(ctx: Context) -> None:
     from aogpt.bench import hf_gpt2
     from aogpt.bench.generate import bench_generate
@@ -126,7 +134,7 @@ def training(ctx: Context) -> None:
                      f"first steps)")
         ctx.save()
     shapes = model_shapes(batch * block, size.n_embd)
-    bf16 = to_dtype("bf16")
+    bf16 = to_dtype(train_precision(dev))
     rate = matmul_rate(shapes, bf16, dev)
     flops = {v: counted_matmul_flops(lambda v=v: _eager_forward_backward(trainers[v])) for v in VARIANTS}
     runs: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -213,7 +221,7 @@ def _trainer(ctx: Context, variant: str) -> tuple[Any, dict[str, Any]]:
     while True:
         tcfg = train_config(None, variant, batch_size=p.train_batch, max_steps=10 ** 9, warmup_steps=10,
                             eval_interval=10 ** 9, ckpt_interval=10 ** 9, device=str(dev), seed=ctx.seed,
-                            dtype="bf16", compile="on" if compiled else "off")
+                            dtype=train_precision(dev), compile="on" if compiled else "off")
         trainer = Trainer(p.train_size.config(variant, p.train_block), tcfg, RandomTokens(p.train_size.vocab_size),
                           None, show_progress=False)
         try:
