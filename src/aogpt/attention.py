@@ -98,8 +98,22 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=allowed, dropout_p=dropout,
                                              is_causal=causal and allowed is None)
         return out.to(v.dtype)
+    if q.is_cuda and q.shape[-2] != k.shape[-2]:  # a KV-cache step: keep cuDNN's kernel out (`_without_cudnn`)
+        with _without_cudnn():
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout,
+                                                  is_causal=causal and allowed is None)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout,
                                           is_causal=causal and allowed is None)
+
+
+def _without_cudnn():
+    """SDPA restricted to its flash, memory-efficient and math kernels. cuDNN's attention builds an
+    execution plan for every new shape, and a KV-cache step has a new key length every step: measured
+    on an H200 (docs/gpu.md), 2.9 ms of CPU per call, which made our GPT's decode step at GPT-2 small's
+    size 44 ms instead of 3.4 ms."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def _explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | AttentionMask | None,

@@ -79,3 +79,22 @@ def test_parsing():
     assert parse_int_list("64, 16,64", "steps") == [16, 64]
     with pytest.raises(AOGPTError, match="VARIANT=PATH"):
         parse_checkpoints(["ckpt/dir"], ("aogpt",))
+
+
+def test_past_the_cutoff_no_run_starts_and_the_calls_not_run_are_absent():
+    import time
+
+    from aogpt.bench.common import interleaved_timings
+
+    ran = []
+
+    def slow(key):
+        def run():
+            ran.append(key)
+            time.sleep(0.05)
+        return run
+
+    calls = {k: slow(k) for k in "abcd"}
+    t = interleaved_timings(calls, torch.device("cpu"), repeats=3, cutoff=time.monotonic() + 0.12)
+    assert ran and len(ran) < 4 and set(t.wall) == set(ran) and set(t.cpu) == set(ran)
+    assert all(len(v) == 1 for v in t.wall_runs.values())

@@ -134,7 +134,8 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
                    temperature: float = 1.0, checkpoints: dict[str, Path] | None = None,
                    dtypes: str | list[str] | tuple[str, ...] | None = None, out: Path | None = None,
                    progress: Callable[[int, str], None] | None = None, encoder_limit: float | None = None,
-                   count_flops: bool = True, deadline: float | None = None) -> dict[str, Any]:
+                   count_flops: bool = True, deadline: float | None = None,
+                   cutoff: float | None = None) -> dict[str, Any]:
     """Time every method at every T; write DIR/generate.{md,json,png} when `out` is given.
 
     encoder_limit: run the encoder only at the T where T x one timed full pass stays under this many
@@ -142,7 +143,8 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
     count every contender's matrix-product FLOPs in one extra untimed run (the encoder's as its
     passes x one pass's) and report the model FLOPs utilisation against this machine's measured
     matmul rate (`aogpt.bench.limits`). deadline: a `time.monotonic()` value past which no further
-    repeat starts (every measurement still runs once).
+    repeat starts (every measurement still runs once); cutoff: one past which no run starts at all (a
+    time-boxed caller: the measurements not run are absent from the result).
 
     dtypes: the precisions the models' weights are in (``fp32``, ``bf16``, ``auto``; default auto:
     bf16 where the hardware has bf16 units). With several, every (method, T, precision) is timed in
@@ -217,7 +219,7 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
         if progress is not None:
             progress(done[0], f"{key[0]} T={key[1]}" + (f" {key[2]}" if len(dtypes) > 1 else ""))
 
-    timings = interleaved_timings(calls, dev, repeats, long_run, tick, deadline)
+    timings = interleaved_timings(calls, dev, repeats, long_run, tick, deadline, cutoff)
     base = {"benchmark": "generate", "n": n, "batch": batch, "steps": steps, "methods": methods, "skipped": skipped,
             "labels": {m: METHODS[m].label for m in methods}, "size": size.to_dict(), "repeats": repeats,
             "long_run_s": long_run, "seed": seed, "top_p": top_p, "temperature": temperature,

@@ -58,7 +58,7 @@ def figure5(ctx: Context) -> None:
     result = bench_generate(n=p.fig_n, batch=p.fig_batch, steps=p.fig_steps, size=p.fig_size, methods=methods,
                             repeats=p.fig_repeats, long_run=p.fig_long_run, device=str(ctx.device), seed=ctx.seed,
                             dtypes=[precision], progress=tick, encoder_limit=p.fig_encoder_limit, count_flops=False,
-                            deadline=ctx.deadline - 10.0)
+                            deadline=ctx.deadline - 10.0, cutoff=ctx.deadline - 5.0)
     ctx.metric("generate", {k: v for k, v in result.items() if k != "files"})
     n, B = p.fig_n, p.fig_batch
     missing = [f"{m} T={T}" for m in methods for T in (p.fig_steps if m in ("aogpt", "encoder") else (n,))
