@@ -5,7 +5,8 @@
 # Re-runnable: every run writes a new run directory under runs/.
 #
 # Settings (environment variables):
-#   QUICKSTART_PRESET      training preset (default quickstart)
+#   QUICKSTART_PRESET      training preset (default auto: the quickstart recipe with the model sized to the
+#                          compute this machine gives the budget; quickstart: the fixed width-192 model)
 #   QUICKSTART_MINUTES     time limit of the training (default 10)
 #   QUICKSTART_CORPUS      what `aogpt prepare --corpus` reads (default shakespeare; a .txt file works)
 #   QUICKSTART_TOKENIZER   tokenizer of the prepared data (default bpe:512)
@@ -28,7 +29,7 @@ else
   COMMAND=.venv/bin/aogpt
 fi
 aogpt() { "$PY" -m aogpt "$@"; }
-PRESET=${QUICKSTART_PRESET:-quickstart}
+PRESET=${QUICKSTART_PRESET:-auto}
 MINUTES=${QUICKSTART_MINUTES:-10}
 CORPUS=${QUICKSTART_CORPUS:-shakespeare}
 TOKENIZER=${QUICKSTART_TOKENIZER:-bpe:512}
