@@ -146,8 +146,11 @@ def _below(target: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
 
 
 def categorical(weights: torch.Tensor, generator: torch.Generator | None = None,
-                dtype: torch.dtype | None = None) -> torch.Tensor:
+                dtype: torch.dtype | None = None, uniforms: torch.Tensor | None = None) -> torch.Tensor:
     """One draw per row from unnormalised non-negative weights (R, V), by inverting the CDF.
+
+    `uniforms` (R, 1) in [0, 1), when given, are the draws' uniforms (each sequence's own stream,
+    `aogpt.generation.streams`); otherwise they come from `generator`.
 
     Exact in `dtype` (default the weights' own; float64: one uniform of 53 bits per draw), and much
     cheaper than torch.multinomial on the CPU. A zero-weight token is never drawn. A large vocabulary
@@ -157,7 +160,8 @@ def categorical(weights: torch.Tensor, generator: torch.Generator | None = None,
     """
     dtype = dtype or weights.dtype
     R, V = weights.shape
-    u = torch.rand(R, 1, dtype=dtype, device=weights.device, generator=generator)
+    u = torch.rand(R, 1, dtype=dtype, device=weights.device, generator=generator) if uniforms is None else \
+        uniforms.reshape(R, 1).to(dtype)
     if V <= 2 * BLOCK:
         cdf = weights.to(dtype).cumsum(dim=-1)
         return torch.searchsorted(cdf, _below(u * cdf[:, -1:], cdf[:, -1:]), right=True).squeeze(-1)
@@ -172,12 +176,13 @@ def categorical(weights: torch.Tensor, generator: torch.Generator | None = None,
     return (j * BLOCK + k).squeeze(-1)
 
 
-def sample_tokens(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None = None
-                  ) -> torch.Tensor:
-    """Draw one token per row of `logits` (R, V) -> (R,) int64."""
+def sample_tokens(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None = None,
+                  uniforms: torch.Tensor | None = None) -> torch.Tensor:
+    """Draw one token per row of `logits` (R, V) -> (R,) int64, with `uniforms` (R, 1) when given
+    (`categorical`), else from `generator`."""
     if logits.shape[0] == 0:
         return torch.empty(0, dtype=torch.long, device=logits.device)
     if cfg.greedy:  # temperature and truncation cannot change the argmax
         limit = cfg.vocab_limit or logits.shape[-1]
         return logits[..., :limit].argmax(dim=-1)
-    return categorical(_weights(logits, cfg), generator, cfg.dtype)
+    return categorical(_weights(logits, cfg), generator, cfg.dtype, uniforms)

@@ -47,6 +47,7 @@ import torch
 
 from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
+from aogpt.generation.streams import SequenceStreams
 from aogpt.kv_cache import RaggedSlots, additive, ragged_rows, step_mask
 from aogpt.sampling import SamplingConfig, sample_tokens
 
@@ -76,6 +77,7 @@ class Step:
     rows: int
     padded: int
     pick: torch.Tensor | None = None  # which of the selected rows are real (padded layout only)
+    draws: np.ndarray | None = None  # the sequence of each revealed token, in the order they are drawn
 
 
 class _Planner:
@@ -123,7 +125,7 @@ class _Planner:
         return Step(self._t(b * (n + 2) + content), self.pos[:, self._t(content)], self.tgt[:, cols_t], where, mask,
                     select,
                     self._t(b * (n + 2) + query + 1).reshape(-1), self._t(b * n + query).reshape(-1),
-                    B * k, B * S, 0)
+                    B * k, B * S, 0, draws=np.repeat(np.arange(B), k))
 
     def _packed(self, k: np.ndarray, L: np.ndarray) -> Step:
         """Ragged counts: the real rows of all sequences in one row dimension, bucketed by width for
@@ -137,7 +139,7 @@ class _Planner:
         qb, qcol = b[query], col[query]
         return Step(self._t(b * (n + 2) + content)[None], self.pos[b_t, self._t(content)][None],
                     self.tgt[b_t, col_t][None], where, None, self._t(np.nonzero(query)[0])[None],
-                    self._t(qb * (n + 2) + qcol + 1), self._t(qb * n + qcol), int(query.sum()), len(b), 0)
+                    self._t(qb * (n + 2) + qcol + 1), self._t(qb * n + qcol), int(query.sum()), len(b), 0, draws=qb)
 
     def _padded(self, k: np.ndarray) -> Step:
         """Ragged counts without a cache: every decided slot recomputed, sequences padded to (B, W)."""
@@ -157,7 +159,7 @@ class _Planner:
         return Step(self._t(b * (n + 2) + content), self.pos.gather(1, self._t(content)),
                     self.tgt.gather(1, cols_t), 0, mask, self._t(select), self._t(qb * (n + 2) + qcol + 1),
                     self._t(qb * n + qcol), len(qb), int(sizes.sum()), B * W - int(sizes.sum()),
-                    self._t(qb * Q + qj))
+                    self._t(qb * Q + qj), draws=qb)
 
 
 def plan_steps(counts: np.ndarray, m: int, use_cache: bool, pos: torch.Tensor, tgt: torch.Tensor,
@@ -224,10 +226,21 @@ class DecoderSampler:
         y = self.ychain[:, 1:self.n + 1]
         return scatter_by_position(self.chain, y, y >= 0)
 
-    def run(self, cfg: SamplingConfig, gen: torch.Generator | None,
+    def _uniforms(self, cfg: SamplingConfig, streams: SequenceStreams) -> list[torch.Tensor | None]:
+        """Every step's token uniforms, drawn before the loop from each sequence's own stream (the
+        plan says which sequence each drawn token belongs to, in chain order within a sequence)."""
+        if self.teacher is not None or cfg.greedy:
+            return [None] * len(self.steps)
+        sizes = [len(s.draws) for s in self.steps]
+        u = streams.uniforms(np.concatenate([s.draws for s in self.steps]) if sizes else np.empty(0, np.int64),
+                             "tokens", cfg.dtype, self.chain.device)
+        return list(u.reshape(-1, 1).split(sizes))
+
+    def run(self, cfg: SamplingConfig, streams: SequenceStreams,
             progress: Callable[[int], None] | None) -> torch.Tensor:
         flat = self.ychain.view(-1)
-        for step in self.steps:
+        draws = self._uniforms(cfg, streams)
+        for step, u in zip(self.steps, draws, strict=True):
             forward = self.eager if isinstance(step.cache_pos, RaggedSlots) else self.forward
             logits = forward(flat[step.gather], step.pos, step.target, attn_mask=step.mask,
                                               cache=self.cache, cache_pos=step.cache_pos, select=step.select,
@@ -238,7 +251,7 @@ class DecoderSampler:
             if self.teacher is not None:
                 new = self.teacher[step.chain_at]
             else:
-                new = sample_tokens(logits, cfg, gen)
+                new = sample_tokens(logits, cfg, uniforms=u)
             flat[step.dest] = new
             if self.logits is not None:
                 self.logits.view(-1, self.logits.shape[-1])[step.chain_at] = logits

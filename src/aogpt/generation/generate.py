@@ -28,13 +28,13 @@ from aogpt.generation.plan import base_orders, chain_orders, resolve_order, step
 from aogpt.generation.reveal import Revealed, watch
 from aogpt.generation.samplers import adaptive_sampler, fixed_order_sampler, speculative_sampler
 from aogpt.generation.settings import DecodePlan, GenerationSettings, settings_from
+from aogpt.generation.streams import SequenceStreams
 from aogpt.inference import for_inference
 from aogpt.memory import check_fits, generation_bytes
 from aogpt.orders import is_adaptive
 from aogpt.schedules import count_schedule
 
-__all__ = ["Conditioning", "DecodePlan", "GenerationResult", "GenerationSettings", "generate", "infill",
-           "make_generators"]
+__all__ = ["Conditioning", "DecodePlan", "GenerationResult", "GenerationSettings", "generate", "infill"]
 
 
 @dataclass
@@ -55,22 +55,6 @@ class GenerationResult:
     timing: dict[str, float] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
     logits: torch.Tensor | None = None
-
-
-@dataclass
-class Generators:
-    """Random streams: `tokens` (the model's device) draws tokens, `plan` (CPU) orders and counts."""
-
-    seed: int
-    tokens: torch.Generator
-    plan: torch.Generator
-
-
-def make_generators(seed: int, device: torch.device | str) -> Generators:
-    """The generators `generate(seed=...)` uses: tokens from `seed` on the device, plans from seed + 1."""
-    tok = torch.Generator(device=device).manual_seed(seed)
-    plan = torch.Generator().manual_seed(seed + 1)
-    return Generators(seed, tok, plan)
 
 
 def _check_model(model: Any) -> torch.nn.Module:
@@ -100,8 +84,7 @@ class _Request:
     order: Any  # resolved fixed order (`resolve_order`); for an adaptive order "l2r" (known positions first)
     adaptive: bool
     speculative: int | str | None  # draft length K or "auto" (`aogpt.generation.speculative`); None: off
-    seed: int
-    generators: Generators
+    seed: int  # sequence i of the call draws from its own streams, keyed by (seed, i): `aogpt.generation.streams`
     teacher_tokens: torch.Tensor | None
     record_logits: bool
     on_step: Callable[[Revealed], None] | None = None
@@ -215,7 +198,7 @@ def _resolve(model: torch.nn.Module, settings: GenerationSettings | None, overri
     known_chain = condition.tokens[condition.positions.argsort()].to(device)
     return _Request(model, fam, settings, sampling, num_samples, batch_size, n,
                     known_mask, known_chain, steps, policy, order_arg, order, adaptive, speculative, int(seed),
-                    make_generators(int(seed), device), teacher_tokens, record_logits)
+                    teacher_tokens, record_logits)
 
 
 def _run(req: _Request, progress: Callable[[int], None] | None) -> tuple[list[_Batch], float]:
@@ -249,25 +232,26 @@ def _run_batch(req: _Request, runner: torch.nn.Module, start: int, B: int,
     the orders and step counts it used; a fixed order's chain is the plan's; a speculative sampler
     reports how many positions each of its forwards committed."""
     fam, n = req.family, req.length
-    chain = chain_orders(base_orders(req.order, start, B, n, req.generators.plan), req.known_mask)
+    streams = SequenceStreams(req.seed, start, B)
+    chain = chain_orders(base_orders(req.order, start, B, n, streams), req.known_mask)
     if req.speculative is not None:
         chain_d = chain.to(req.known_chain.device)
         sampler = speculative_sampler(fam, runner, chain_d, req.known_chain, req.settings, req.speculative)
-        y = sampler.run(req.sampling, req.generators.tokens, watch(sampler, start, req.on_step, progress))
+        y = sampler.run(req.sampling, streams, watch(sampler, start, req.on_step, progress))
         return _Batch(torch.empty_like(y).scatter_(1, chain_d, y).cpu(), chain,
                       torch.from_numpy(np.stack(sampler.revealed, axis=1)), None, sampler.forwards, sampler.slots,
                       sampler.padded, (list(sampler.proposed), list(sampler.accepted)))
-    plan = step_counts(req.policy, req.settings.plan.schedule, req.steps, req.masked, B, req.generators.plan)
+    plan = step_counts(req.policy, req.settings.plan.schedule, req.steps, req.masked, B, streams)
     chain_d = chain.to(req.known_chain.device)
     teacher = None if req.teacher_tokens is None else req.teacher_tokens[start:start + B]
     if req.adaptive:  # teacher tokens by position
         sampler = adaptive_sampler(fam, runner, chain_d, req.known_chain, plan, req.settings,
-                                       generator=req.generators.plan, teacher=teacher, record=req.record_logits)
+                                   streams=streams, teacher=teacher, record=req.record_logits)
     else:  # teacher tokens in chain order
         sampler = fixed_order_sampler(fam, runner, chain_d, req.known_chain, plan, req.settings,
                               teacher=None if teacher is None else teacher.gather(1, chain_d),
                               record=req.record_logits)
-    y = sampler.run(req.sampling, req.generators.tokens, watch(sampler, start, req.on_step, progress))
+    y = sampler.run(req.sampling, streams, watch(sampler, start, req.on_step, progress))
     if req.adaptive:
         chain_d, plan = sampler.chain, sampler.step_counts
     return _Batch(torch.empty_like(y).scatter_(1, chain_d, y).cpu(), chain_d.cpu(), torch.from_numpy(plan),
