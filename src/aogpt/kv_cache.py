@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from aogpt.attention import KERNELS, attend
+from aogpt.attention import KERNELS, attend, attend_few
 
 
 @dataclass
@@ -166,20 +166,68 @@ def ragged_rows(sizes: np.ndarray, first: np.ndarray, decided: np.ndarray, dtype
     return b, col, RaggedSlots(t(b), t(col), buckets)
 
 
+def padded_rows(sizes: np.ndarray, first: np.ndarray, decided: np.ndarray, dtype: torch.dtype,
+                device: torch.device) -> tuple[np.ndarray, np.ndarray, PackedSlots, torch.Tensor]:
+    """The packed rows of a ragged step in one attention call: sequence b's `sizes[b]` rows (0: it sits
+    the step out) at cache columns first[b] .. first[b] + sizes[b] - 1, sequence-major, attend in the
+    padded (B, width) layout under the returned additive mask (B, 1, width, span) over the first span
+    cache columns (`step_mask` with `decided`); a padding row sees column 0 only and is dropped.
+    Returns the rows' sequences and columns (numpy), the `PackedSlots` and the mask."""
+    B = len(sizes)
+    R, W = int(sizes.sum()), int(sizes.max())
+    b = np.repeat(np.arange(B), sizes)
+    s = np.arange(R) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    col = first[b] + s
+    span = int(col.max()) + 1
+
+    def t(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
+
+    allowed = step_mask(t(first[:, None] + np.arange(W)), t(decided)[:, None], span)
+    padding = torch.from_numpy(np.arange(W) >= sizes[:, None]).to(device)
+    allowed = torch.where(padding[..., None], torch.arange(span, device=device) == 0, allowed)
+    return b, col, PackedSlots(t(b), t(col), t(b * W + s), W), additive(allowed[:, None], dtype)
+
+
+LAYOUTS = ("buckets", "padded")  # a ragged step's attention: one call per run of a width, or one padded call
+
+
+def ragged_layout(model: object) -> str:
+    """The layout a decode runner wants for ragged steps (its ``ragged_layout``; models and the
+    reference path: buckets)."""
+    return getattr(model, "ragged_layout", "buckets")
+
+
+def step_rows(layout: str, sizes: np.ndarray, first: np.ndarray, decided: np.ndarray, dtype: torch.dtype,
+              device: torch.device) -> tuple[np.ndarray, np.ndarray, RaggedSlots | PackedSlots, torch.Tensor | None]:
+    """A ragged step's packed rows in `layout` (`ragged_rows` or `padded_rows`): their sequences and
+    columns (numpy, in packed order), where their keys go, and the step's mask (None for buckets,
+    which carry their own)."""
+    if layout == "padded":
+        return padded_rows(sizes, first, decided, dtype, device)
+    b, col, where = ragged_rows(sizes, first, decided, dtype, device)
+    return b, col, where, None
+
+
 class KVCache:
     """Static key/value buffers for every layer, plus the inference tables of the weights they were
-    set up from."""
+    set up from. Keys and values of a layer are one buffer (2, B, H, capacity, D), so a step writes
+    both with one copy (`attend_rows`); `k` and `v` are its two halves, (layers, B, H, capacity, D).
+
+    `attention` is the kernel of `attend` (the reference decode path, `aogpt.attention.attend`);
+    `few_query` the kernel of `attend_rows` (the fast path, `aogpt.attention.attend_few`); `store`
+    the dtype keys are kept in (default `storage_dtype`)."""
 
     def __init__(self, n_layer: int, batch: int, n_head: int, capacity: int, head_dim: int,
                  device: torch.device | str, dtype: torch.dtype, conditions: Conditions | None = None,
-                 attention: str = "sdpa"):
-        shape = (n_layer, batch, n_head, capacity, head_dim)
-        store = storage_dtype(torch.device(device), dtype)
-        self.k = torch.zeros(shape, device=device, dtype=store)
-        self.v = torch.zeros(shape, device=device, dtype=store)
+                 attention: str = "sdpa", few_query: str = "sdpa", store: torch.dtype | None = None):
+        store = store or storage_dtype(torch.device(device), dtype)
+        self.kv = torch.zeros((n_layer, 2, batch, n_head, capacity, head_dim), device=device, dtype=store)
+        self.k, self.v = self.kv[:, 0], self.kv[:, 1]
         self.batch, self.capacity = batch, capacity
         self.conditions = conditions
         self.attention = attention
+        self.few_query = few_query
         self._rows = torch.arange(batch, device=device)[:, None]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -238,3 +286,44 @@ class KVCache:
             kc[self._rows, :, cache_pos] = k.transpose(1, 2)
             vc[self._rows, :, cache_pos] = v.transpose(1, 2)
         return kc[:, :, :span], vc[:, :, :span]
+
+    def attend_rows(self, layer: int, qkv: torch.Tensor, cache_pos: int | PackedSlots | RaggedSlots,
+                    attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """The fast decode path's attention (`aogpt.decode`): this step's rows `qkv` (R, 3, H, D), queries
+        already scaled, in the forward's row order (a uniform (B, S) step: sequence-major; a ragged
+        one: packed). Writes their keys and values with one copy, attends with `few_query` over the
+        cache and returns (R, H * D) in qkv's dtype (computed in the cache's, `storage_dtype`)."""
+        R, _, H, D = qkv.shape
+        out_dtype = qkv.dtype
+        if qkv.dtype != self.kv.dtype:
+            qkv = qkv.to(self.kv.dtype)
+        if attn_mask is not None and attn_mask.dtype != self.kv.dtype:
+            attn_mask = attn_mask.to(self.kv.dtype)
+        kv = self.kv[layer]
+        if isinstance(cache_pos, int):  # a (B, S) block at columns cache_pos .. cache_pos + S - 1
+            B = self.batch
+            S = R // B
+            rows = qkv.view(B, S, 3, H, D)
+            kv[:, :, :, cache_pos:cache_pos + S] = rows[:, :, 1:].permute(2, 0, 3, 1, 4)
+            span = attn_mask.shape[-1] if attn_mask is not None else cache_pos + S
+            y = attend_few(rows[:, :, 0].transpose(1, 2), kv[0, :, :, :span], kv[1, :, :, :span], attn_mask,
+                           self.few_query)
+            return y.transpose(1, 2).reshape(R, H * D).to(out_dtype)
+        kv[:, cache_pos.batch, :, cache_pos.column] = qkv[:, 1:]
+        if isinstance(cache_pos, PackedSlots):  # queries scattered into (B, width), padding dropped after
+            W = cache_pos.width
+            padded = qkv.new_zeros(self.batch * W, H, D).index_copy_(0, cache_pos.pad, qkv[:, 0])
+            padded = padded.view(self.batch, W, H, D).transpose(1, 2)
+            span = attn_mask.shape[-1]
+            y = attend_few(padded, kv[0, :, :, :span], kv[1, :, :, :span], attn_mask, self.few_query)
+            return y.transpose(1, 2).reshape(-1, H * D).index_select(0, cache_pos.pad).to(out_dtype)
+        out = []
+        for bucket in cache_pos.buckets:  # one call per run of consecutive sequences of one width
+            c, w = bucket.count, bucket.width
+            q = qkv[bucket.start:bucket.start + c * w, 0].view(c, w, H, D).transpose(1, 2)
+            span = bucket.mask.shape[-1]
+            mask = bucket.mask if bucket.mask.dtype == self.kv.dtype else bucket.mask.to(self.kv.dtype)
+            y = attend_few(q, kv[0, bucket.seqs, :, :span], kv[1, bucket.seqs, :, :span], mask, self.few_query)
+            out.append(y.transpose(1, 2).reshape(c * w, H * D))
+        return (out[0] if len(out) == 1 else torch.cat(out)).to(out_dtype)
+

@@ -155,8 +155,12 @@ def categorical(weights: torch.Tensor, generator: torch.Generator | None = None,
     Exact in `dtype` (default the weights' own; float64: one uniform of 53 bits per draw), and much
     cheaper than torch.multinomial on the CPU. A zero-weight token is never drawn. A large vocabulary
     is inverted in two levels, as one cumulative sum would be: the sums of blocks of `BLOCK` tokens
-    (accumulated in `dtype`) choose the block, the cumulative sum inside that block alone chooses
-    the token, so only R x BLOCK weights are accumulated one by one instead of R x V.
+    choose the block (their running sum accumulated in `dtype`), the cumulative sum inside that block
+    alone, in `dtype`, chooses the token, so only R x BLOCK weights are accumulated one by one
+    instead of R x V. Each block's own sum is a pairwise (cascade) sum in the weights' precision:
+    its relative error, at most a few float32 roundings of that block's mass, is the order of the
+    weights' own rounding, and unlike a float32 running sum over the whole vocabulary it does not
+    grow with the mass of the tokens before it (a 0.16x cost: no float64 copy of R x V weights).
     """
     dtype = dtype or weights.dtype
     R, V = weights.shape
@@ -166,8 +170,10 @@ def categorical(weights: torch.Tensor, generator: torch.Generator | None = None,
         cdf = weights.to(dtype).cumsum(dim=-1)
         return torch.searchsorted(cdf, _below(u * cdf[:, -1:], cdf[:, -1:]), right=True).squeeze(-1)
     nb = -(-V // BLOCK)
-    blocks = torch.nn.functional.pad(weights, (0, nb * BLOCK - V)).view(R, nb, BLOCK)
-    cdf = blocks.sum(dim=-1, dtype=dtype).cumsum(dim=-1)
+    padded = weights if nb * BLOCK == V and weights.is_contiguous() else \
+        torch.nn.functional.pad(weights, (0, nb * BLOCK - V))
+    blocks = padded.view(R, nb, BLOCK)
+    cdf = blocks.sum(dim=-1).to(dtype).cumsum(dim=-1)
     target = _below(u * cdf[:, -1:], cdf[:, -1:])
     j = torch.searchsorted(cdf, target, right=True)  # cdf[j - 1] <= target < cdf[j]: a block of positive weight
     before = torch.where(j > 0, cdf.gather(1, (j - 1).clamp(min=0)), torch.zeros_like(target))

@@ -48,7 +48,7 @@ import torch
 from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
 from aogpt.generation.streams import SequenceStreams
-from aogpt.kv_cache import RaggedSlots, additive, ragged_rows, step_mask
+from aogpt.kv_cache import PackedSlots, RaggedSlots, additive, ragged_layout, step_mask, step_rows
 from aogpt.sampling import SamplingConfig, sample_tokens
 
 
@@ -84,8 +84,9 @@ class _Planner:
     """Turns per-step counts into `Step`s, tracking each sequence's decided (g) and cached (L) slots."""
 
     def __init__(self, B: int, n: int, m: int, use_cache: bool, pos: torch.Tensor, tgt: torch.Tensor,
-                 dtype: torch.dtype, static: bool = False):
+                 dtype: torch.dtype, static: bool = False, layout: str = "buckets"):
         self.B, self.n, self.use_cache, self.pos, self.tgt, self.dtype = B, n, use_cache, pos, tgt, dtype
+        self.layout = layout
         self.static = static and use_cache
         self.dev = pos.device
         self.L = np.zeros(B, dtype=np.int64)
@@ -132,13 +133,13 @@ class _Planner:
         attention (`aogpt.kv_cache.ragged_rows`): no padding anywhere."""
         n, g = self.n, self.g
         sizes = np.where(k > 0, g - L + k, 0)
-        b, col, where = ragged_rows(sizes, L, g, self.dtype, self.dev)
+        b, col, where, mask = step_rows(self.layout, sizes, L, g, self.dtype, self.dev)
         content = np.minimum(col, g[b])
         query = col >= g[b]
         b_t, col_t = self._t(b), self._t(col)
         qb, qcol = b[query], col[query]
         return Step(self._t(b * (n + 2) + content)[None], self.pos[b_t, self._t(content)][None],
-                    self.tgt[b_t, col_t][None], where, None, self._t(np.nonzero(query)[0])[None],
+                    self.tgt[b_t, col_t][None], where, mask, self._t(np.nonzero(query)[0])[None],
                     self._t(qb * (n + 2) + qcol + 1), self._t(qb * n + qcol), int(query.sum()), len(b), 0, draws=qb)
 
     def _padded(self, k: np.ndarray) -> Step:
@@ -163,12 +164,13 @@ class _Planner:
 
 
 def plan_steps(counts: np.ndarray, m: int, use_cache: bool, pos: torch.Tensor, tgt: torch.Tensor,
-               dtype: torch.dtype = torch.float32, static: bool = False) -> list[Step]:
+               dtype: torch.dtype = torch.float32, static: bool = False, layout: str = "buckets") -> list[Step]:
     """Every forward of a batch decoded with `counts` (B, T) revealed per step, `m` known tokens first
     (attention masks in `dtype`). Steps that reveal nothing run no forward (pending catch-ups wait).
-    `static`: uniform steps get shapes that do not grow with the cache (for a compiled step)."""
+    `static`: uniform steps get shapes that do not grow with the cache (for a compiled step).
+    `layout`: how a ragged step's attention runs (`aogpt.kv_cache.LAYOUTS`)."""
     B, n = pos.shape[0], pos.shape[1] - 1
-    planner = _Planner(B, n, m, use_cache, pos, tgt, dtype, static)
+    planner = _Planner(B, n, m, use_cache, pos, tgt, dtype, static, layout)
     return [planner.step(counts[:, i]) for i in range(counts.shape[1]) if counts[:, i].any()]
 
 
@@ -207,7 +209,7 @@ class DecoderSampler:
         static = bool(settings.compile) and use_cache
         self.cache = model.setup_cache(B, n + 1, settings.attention) if use_cache else None
         mask_dtype = self.cache.k.dtype if use_cache else next(model.parameters()).dtype  # what attention runs in
-        self.steps = plan_steps(plan, m, use_cache, pos, tgt, mask_dtype, static)
+        self.steps = plan_steps(plan, m, use_cache, pos, tgt, mask_dtype, static, ragged_layout(model))
         # compiled: the uniform steps, whose shapes are fixed (`static`: full-cache masks, columns as
         # tensors); ragged Lemma 4.1 steps change shape every step and run eagerly
         self.forward = compiled(model.forward_slots, settings.compile, dev, dynamic=not static)
@@ -241,7 +243,7 @@ class DecoderSampler:
         flat = self.ychain.view(-1)
         draws = self._uniforms(cfg, streams)
         for step, u in zip(self.steps, draws, strict=True):
-            forward = self.eager if isinstance(step.cache_pos, RaggedSlots) else self.forward
+            forward = self.eager if isinstance(step.cache_pos, (RaggedSlots, PackedSlots)) else self.forward
             logits = forward(flat[step.gather], step.pos, step.target, attn_mask=step.mask,
                                               cache=self.cache, cache_pos=step.cache_pos, select=step.select,
                                               conditions=self.conditions)

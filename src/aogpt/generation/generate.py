@@ -205,9 +205,8 @@ def _run(req: _Request, progress: Callable[[int], None] | None) -> tuple[list[_B
     """Decode every batch in inference mode (the model's training flag restored after); the batches
     and the seconds taken."""
     model = req.model
-    # oneDNN's pre-packed weights are opaque to inductor: a compiled step runs the plain linear layers
-    prepack = req.settings.prepack and not req.settings.compile
-    runner = for_inference(model, rows_hint=req.batch_size) if prepack else model
+    runner = for_inference(model, rows_hint=req.batch_size, path=decode_path(req.settings)) \
+        if req.settings.prepack and not req.settings.compile else model
     device = next(model.parameters()).device
     batches = []
     was_training = model.training
@@ -223,6 +222,13 @@ def _run(req: _Request, progress: Callable[[int], None] | None) -> tuple[list[_B
     finally:
         model.train(was_training)
     return batches, time.perf_counter() - t0
+
+
+def decode_path(settings: GenerationSettings) -> str:
+    """The decode path a generation runs on: the setting's, except that FlexAttention (fast only
+    compiled) and a compiled step take the reference path (oneDNN's pre-packed weights are opaque to
+    inductor: a compiled step runs the model's plain linear layers, which `prepack` leaves unpacked)."""
+    return "reference" if settings.compile or settings.attention == "flex" else settings.decode_path
 
 
 def _run_batch(req: _Request, runner: torch.nn.Module, start: int, B: int,

@@ -50,11 +50,12 @@ from typing import Any
 import greenlet
 import torch
 
+from aogpt.decode.runner import SmallStepModel
 from aogpt.errors import AOGPTError
 from aogpt.generation.generate import GenerationResult, generate
 from aogpt.generation.reveal import Revealed
 from aogpt.inference import for_inference
-from aogpt.kv_cache import KVCache
+from aogpt.kv_cache import KVCache, ragged_layout
 from aogpt.serve.batching import ForwardCall, row_invariant, run_alone, run_together
 from aogpt.serve.jobs import (
     GONE,
@@ -105,8 +106,16 @@ class SharedModel:
     def conditions(self):
         return self._engine.conditions
 
+    @property
+    def ragged_layout(self) -> str:
+        """How the engine's decode runner lays out a ragged step's attention (`aogpt.kv_cache.LAYOUTS`)."""
+        return ragged_layout(self._engine.runner)
+
     def setup_cache(self, batch: int, capacity: int | None = None, attention: str = "sdpa") -> KVCache:
-        """`Transformer.setup_cache`, with the adaLN tables computed once for all requests."""
+        """The engine's decode runner's cache (the fast path's), or `Transformer.setup_cache` with the
+        adaLN tables computed once for all requests."""
+        if isinstance(self._engine.runner, SmallStepModel):
+            return self._engine.runner.setup_cache(batch, capacity, attention)
         cfg, p = self.config, next(self.parameters())
         return KVCache(cfg.n_layer, batch, cfg.n_head, capacity or cfg.block_size + 2, cfg.head_dim, p.device,
                        p.dtype, self._engine.conditions, attention)
