@@ -48,7 +48,7 @@ import torch
 from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
 from aogpt.generation.streams import SequenceStreams
-from aogpt.kv_cache import PackedSlots, RaggedSlots, additive, ragged_layout, step_mask, step_rows
+from aogpt.kv_cache import PackedSlots, RaggedSlots, additive, ragged_layout, ragged_steps, step_mask, step_rows
 from aogpt.sampling import SamplingConfig, sample_tokens
 
 
@@ -95,16 +95,64 @@ class _Planner:
     def _t(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.dev)
 
-    def step(self, k: np.ndarray) -> Step:
-        L = self.L if self.use_cache else np.zeros_like(self.L)
-        same = (k == k[0]).all() and (L == L[0]).all() and (self.g == self.g[0]).all()
-        if same:
-            out = self._uniform(int(k[0]), int(L[0]), int(self.g[0]))
-        else:
-            out = self._packed(k, L) if self.use_cache else self._padded(k)
-        if self.use_cache:
-            self.L[k > 0] = self.g[k > 0] + 1
-        self.g += k
+    def plan(self, counts: np.ndarray) -> list[Step]:
+        """The `Step` of every step of `counts` (B, T) that reveals something. Uniform steps are built
+        one by one; the ragged steps' index arithmetic (bucketed layout) is done for all of them at
+        once (`aogpt.kv_cache.ragged_steps`)."""
+        steps: list[Step | None] = []
+        ragged: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
+        for i in range(counts.shape[1]):
+            k = counts[:, i]
+            if not k.any():
+                continue
+            L = self.L.copy() if self.use_cache else np.zeros_like(self.L)
+            if (k == k[0]).all() and (L == L[0]).all() and (self.g == self.g[0]).all():
+                steps.append(self._uniform(int(k[0]), int(L[0]), int(self.g[0])))
+            elif not self.use_cache:
+                steps.append(self._padded(k))
+            elif self.layout == "buckets":
+                ragged.append((len(steps), k, L, self.g.copy()))
+                steps.append(None)
+            else:
+                steps.append(self._packed(k, L))
+            if self.use_cache:
+                self.L[k > 0] = self.g[k > 0] + 1
+            self.g += k
+        if ragged:
+            _, k, L, g = (np.stack(a) for a in zip(*ragged, strict=True))
+            for (i, *_), step in zip(ragged, self._bucketed(k, L, g), strict=True):
+                steps[i] = step
+        return steps
+
+    def _bucketed(self, k: np.ndarray, L: np.ndarray, g: np.ndarray) -> list[Step]:
+        """Ragged steps (T', B) in the bucketed packed layout, planned together (`_packed`, vectorised)."""
+        n, T = self.n, k.shape[0]
+        sizes = np.where(k > 0, g - L + k, 0)
+        layouts = ragged_steps(sizes, L, g, self.dtype, self.dev)
+        b = np.concatenate([x[0] for x in layouts])
+        col = np.concatenate([x[1] for x in layouts])
+        R = sizes.sum(axis=1)
+        step_of = np.repeat(np.arange(T), R)
+        g_row = g[step_of, b]
+        content = np.minimum(col, g_row)
+        query = col >= g_row
+        pos, tgt = self.pos.cpu().numpy(), self.tgt.cpu().numpy()
+        gather = self._t(b * (n + 2) + content)
+        pos_t, tgt_t = self._t(pos[b, content]), self._t(tgt[b, col])
+        first_row = np.cumsum(R) - R
+        qrows = np.flatnonzero(query)
+        qstep = step_of[qrows]
+        select = self._t(qrows - first_row[qstep])
+        qb, qcol = b[qrows], col[qrows]
+        dest, chain_at = self._t(qb * (n + 2) + qcol + 1), self._t(qb * n + qcol)
+        Q = np.bincount(qstep, minlength=T)
+        qfirst = np.cumsum(Q) - Q
+        out = []
+        for t in range(T):
+            r0, r1, q0, q1 = int(first_row[t]), int(first_row[t] + R[t]), int(qfirst[t]), int(qfirst[t] + Q[t])
+            out.append(Step(gather[r0:r1][None], pos_t[r0:r1][None], tgt_t[r0:r1][None], layouts[t][2], None,
+                            select[q0:q1][None], dest[q0:q1], chain_at[q0:q1], int(Q[t]), int(R[t]), 0,
+                            draws=qb[q0:q1]))
         return out
 
     def _uniform(self, k: int, L: int, g: int) -> Step:
@@ -170,8 +218,7 @@ def plan_steps(counts: np.ndarray, m: int, use_cache: bool, pos: torch.Tensor, t
     `static`: uniform steps get shapes that do not grow with the cache (for a compiled step).
     `layout`: how a ragged step's attention runs (`aogpt.kv_cache.LAYOUTS`)."""
     B, n = pos.shape[0], pos.shape[1] - 1
-    planner = _Planner(B, n, m, use_cache, pos, tgt, dtype, static, layout)
-    return [planner.step(counts[:, i]) for i in range(counts.shape[1]) if counts[:, i].any()]
+    return _Planner(B, n, m, use_cache, pos, tgt, dtype, static, layout).plan(counts)
 
 
 def compiled(fn: Callable, how: bool | str, device: torch.device, dynamic: bool = True) -> Callable:
