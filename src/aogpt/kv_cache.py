@@ -172,7 +172,6 @@ def ragged_steps(sizes: np.ndarray, first: np.ndarray, decided: np.ndarray, dtyp
     on = flat_w > 0
     t_on, s_on, w_on = flat_t[on], flat_s[on], flat_w[on]
     new = np.r_[True, (t_on[1:] != t_on[:-1]) | (w_on[1:] != w_on[:-1]) | (s_on[1:] != s_on[:-1] + 1)]
-    run = np.cumsum(new) - 1
     runs_per_step = np.bincount(t_on[new], minlength=T)
     widths_per_step = np.array([len(np.unique(w_on[t_on == t])) for t in range(T)]) if \
         (runs_per_step > MAX_VIEW_RUNS).any() else np.zeros(T, dtype=np.int64)
@@ -181,7 +180,6 @@ def ragged_steps(sizes: np.ndarray, first: np.ndarray, decided: np.ndarray, dtyp
     # nearly one attention call per sequence; one call per width there, its keys gathered
     new_g = np.r_[True, (t_on[1:] != t_on[:-1]) | (w_on[1:] != w_on[:-1])]
     new = np.where(gathered[t_on], new_g, new)
-    run = np.cumsum(new) - 1
     starts = np.flatnonzero(new)
     count = np.diff(np.r_[starts, len(t_on)])
     bucket_t, bucket_w = t_on[starts], w_on[starts]
@@ -256,10 +254,10 @@ def padded_rows(sizes: np.ndarray, first: np.ndarray, decided: np.ndarray, dtype
 LAYOUTS = ("buckets", "padded")  # a ragged step's attention: one call per run of a width, or one padded call
 
 
-def ragged_layout(model: object) -> str:
-    """The layout a decode runner wants for ragged steps (its ``ragged_layout``; models and the
-    reference path: buckets)."""
-    return getattr(model, "ragged_layout", "buckets")
+def ragged_layout(model: object, default: str = "buckets") -> str:
+    """The layout a decode runner wants for ragged steps (its ``ragged_layout``, which the fast path
+    measures); a model or the reference path has none, and each sampler keeps its own (`default`)."""
+    return getattr(model, "ragged_layout", default)
 
 
 def step_rows(layout: str, sizes: np.ndarray, first: np.ndarray, decided: np.ndarray, dtype: torch.dtype,
@@ -271,6 +269,13 @@ def step_rows(layout: str, sizes: np.ndarray, first: np.ndarray, decided: np.nda
         return padded_rows(sizes, first, decided, dtype, device)
     b, col, where = ragged_rows(sizes, first, decided, dtype, device)
     return b, col, where, None
+
+
+def sequence_major(b: np.ndarray, col: np.ndarray) -> np.ndarray | None:
+    """The packed rows (sequences `b`, columns `col`) in sequence-major order, sequence by sequence and
+    columns ascending, as indices into the packed order; None when they already are."""
+    order = np.lexsort((col, b))
+    return None if (order == np.arange(len(order))).all() else order
 
 
 class KVCache:

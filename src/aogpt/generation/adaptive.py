@@ -47,7 +47,7 @@ import torch
 from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
 from aogpt.generation.streams import SequenceStreams
-from aogpt.kv_cache import PackedSlots, additive, step_mask
+from aogpt.kv_cache import ragged_layout, sequence_major, step_rows
 from aogpt.orders import ADAPTIVE
 from aogpt.sampling import SamplingConfig, sample_tokens
 
@@ -269,6 +269,7 @@ class AdaptiveDecoderSampler(AdaptiveSampler):
         self.use_cache = settings.use_cache
         self.cache = model.setup_cache(B, n + 1, settings.attention)  # without reuse: every slot recomputed
         self.L = np.zeros(B, dtype=np.int64)  # chain slots whose keys are cached
+        self.layout = ragged_layout(model, "padded")  # the fast path's (measured); the reference path: padded
 
     def _tokens(self) -> torch.Tensor:
         return self.ychain[:, 1:self.n + 1]
@@ -292,29 +293,24 @@ class AdaptiveDecoderSampler(AdaptiveSampler):
         n_cand = np.array([len(c) for c in cands])
         sizes[active] = g[active] - L[active] + n_cand
         R, W = int(sizes.sum()), int(sizes.max())
-        b = np.repeat(np.arange(B), sizes)
-        s = np.arange(R) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-        col = L[b] + s
+        # the rows in the decode path's layout (packed; in attention bucketed by width, or padded)
+        b, col, where, mask = step_rows(self.layout, sizes, L, g, self.cache.k.dtype, self.dev)
         content = np.minimum(col, g[b])  # a query holds the pending slot's content
         query = col >= g[b]
         slot_pos = np.concatenate([np.zeros((B, 1), dtype=np.int64), st.order + 1], axis=1)
-        target = np.empty(R, dtype=np.int64)
-        target[~query] = st.order[b[~query], col[~query]]
-        target[query] = np.concatenate(cands)
-        span = int(col.max()) + 1
-        pad_cols = L[:, None] + np.arange(W)
-        real = np.arange(W) < sizes[:, None]
-        a = torch.arange(span, device=self.dev)
-        mask = step_mask(self._t(pad_cols), self._t(g)[:, None], span) | self._t(~real)[..., None].bool() & (a == 0)
-        b_t, col_t = self._t(b), self._t(col)
-        where = PackedSlots(b_t, col_t, self._t(b * W + s), W)
+        candidate = np.zeros((B, int(n_cand.max())), dtype=np.int64)
+        for a, c in zip(active, cands, strict=True):
+            candidate[a, :len(c)] = c
+        target = np.where(query, candidate[b, np.where(query, col - g[b], 0)], st.order[b, np.minimum(col, n - 1)])
+        order = sequence_major(b, col)
+        rows = np.flatnonzero(query) if order is None else order[query[order]]  # candidates in `cands` order
         tokens = self.ychain.view(-1)[self._t(b * (n + 2) + content)][None]
         logits = self.model.forward_slots(tokens, self._t(slot_pos[b, content])[None], self._t(target)[None],
-                                          attn_mask=additive(mask[:, None], self.dtype), cache=self.cache,
-                                          cache_pos=where, select=self._t(np.flatnonzero(query))[None])
+                                          attn_mask=mask, cache=self.cache, cache_pos=where,
+                                          select=self._t(rows)[None])
         st.forwards += 1
         st.slots += R
-        st.padded += B * W - R
+        st.padded += B * W - R if self.layout == "padded" else 0
         return logits[0]
 
     def _commit(self, active: np.ndarray, cands: list[np.ndarray], picks: list[np.ndarray],

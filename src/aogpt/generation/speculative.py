@@ -41,7 +41,7 @@ from aogpt.generation.decoder import compiled
 from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
 from aogpt.generation.streams import SequenceStreams
-from aogpt.kv_cache import PackedSlots, additive, step_mask
+from aogpt.kv_cache import ragged_layout, sequence_major, step_rows
 from aogpt.sampling import SamplingConfig, categorical, probabilities, sample_tokens
 
 AUTO_START, AUTO_MAX = 4, 16
@@ -69,6 +69,7 @@ class SpeculativeSampler:
         self.pos = torch.cat([torch.zeros_like(chain[:, :1]), chain + 1], dim=1)
         self.tgt = torch.cat([chain, torch.full_like(chain[:, :1], model.config.block_size)], dim=1)
         self.cache = model.setup_cache(B, n + 1, settings.attention)
+        self.layout = ragged_layout(model, "padded")  # the fast path's (measured); the reference path: padded
         self.forward = compiled(model.forward_slots, settings.compile, dev)
         self.dtype = next(model.parameters()).dtype
         self.auto = k == "auto"
@@ -116,22 +117,21 @@ class SpeculativeSampler:
         decided = g + t  # the query rows see every committed and drafted slot, causally
         sizes = np.where(g < n, decided - L + k, 0)  # catch-ups (prefill, then the drafts) + queries
         R, W = int(sizes.sum()), int(sizes.max())
-        b = np.repeat(np.arange(B), sizes)
+        b = np.repeat(np.arange(B), sizes)  # the rows sequence-major, as the logits come back
         s = np.arange(R) - np.repeat(np.cumsum(sizes) - sizes, sizes)
         col = L[b] + s
-        content = np.minimum(col, decided[b])
-        span = int(col.max()) + 1
-        real = np.arange(W) < sizes[:, None]
-        padding = self._t(~real)[..., None].bool() & (torch.arange(span, device=self.dev) == 0)  # see column 0
-        mask = step_mask(self._t(L[:, None] + np.arange(W)), self._t(decided)[:, None], span) | padding
-        b_t, col_t = self._t(b), self._t(col)
-        logits = self.forward(self.ychain.view(-1)[self._t(b * (n + 2) + content)][None],
-                              self.pos[b_t, self._t(content)][None], self.tgt[b_t, col_t][None],
-                              attn_mask=additive(mask[:, None], self.dtype), cache=self.cache,
-                              cache_pos=PackedSlots(b_t, col_t, self._t(b * W + s), W))[0]
+        # the forward's rows in the decode path's layout (packed; attention bucketed by width, or padded)
+        pb, pcol, where, mask = step_rows(self.layout, sizes, L, decided, self.cache.k.dtype, self.dev)
+        content = np.minimum(pcol, decided[pb])
+        order = sequence_major(pb, pcol)
+        pb_t, pcol_t = self._t(pb), self._t(pcol)
+        logits = self.forward(self.ychain.view(-1)[self._t(pb * (n + 2) + content)][None],
+                              self.pos[pb_t, self._t(content)][None], self.tgt[pb_t, pcol_t][None],
+                              attn_mask=mask, cache=self.cache, cache_pos=where,
+                              select=None if order is None else self._t(order)[None])[0]
         self.forwards += 1
         self.slots += R
-        self.padded += B * W - R
+        self.padded += B * W - R if self.layout == "padded" else 0
         queries = np.nonzero(col >= decided[b])[0]
         drafts = sample_tokens(logits[self._t(queries)], cfg,
                                uniforms=None if cfg.greedy else self._uniforms(b[queries], cfg))
