@@ -121,10 +121,14 @@ def _weights(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     if cfg.vocab_limit is not None and cfg.vocab_limit < logits.shape[-1]:
         logits = logits[..., : cfg.vocab_limit]
     work = torch.promote_types(logits.dtype, torch.float32)
-    logits = logits.to(work if cfg.dtype == torch.float64 else cfg.dtype)
-    if cfg.temperature != 1.0:
-        logits = logits / cfg.temperature
-    probs = torch.softmax(top_k_filter(logits, cfg.top_k), dim=-1)
+    target = work if cfg.dtype == torch.float64 else cfg.dtype
+    if cfg.temperature == 1.0 and not 0 < cfg.top_k < logits.shape[-1]:
+        probs = torch.softmax(logits, dim=-1, dtype=target)  # the conversion inside the softmax: no copy first
+    else:
+        logits = logits.to(target)
+        if cfg.temperature != 1.0:
+            logits = logits / cfg.temperature
+        probs = torch.softmax(top_k_filter(logits, cfg.top_k), dim=-1)
     if cfg.top_p < 1.0:
         probs = probs * top_p_mask(probs, cfg.top_p)
     return probs

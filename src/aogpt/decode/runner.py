@@ -201,20 +201,17 @@ class SmallStepModel:
             else:
                 x = layer.proj.add(y, x)
                 x = layer.out.add(layer.fc.gelu(layer.ln_2(x), layer.gelu), x)
-        rows = None
-        if select is not None:
+        Q = S
+        if select is not None:  # the head only for the selected rows (select indexes each sequence's S slots)
             Q = select.shape[1]
-            rows = (select + torch.arange(0, B * S, S, device=select.device)[:, None]).reshape(-1) if B > 1 \
-                else select.reshape(-1)
+            rows = select.reshape(-1) if B == 1 else \
+                (select + torch.arange(0, B * S, S, device=select.device)[:, None]).reshape(-1)
             x = x.index_select(0, rows)
-        else:
-            Q = S
-        if cond is not None:
-            c = cond[:, 6 * d * len(self.layers):] if rows is None else cond.index_select(0, rows)[:, 6 * d * len(
-                self.layers):]
-            x = self.final.modulate(x, c[:, :d], c[:, d:])
-        else:
-            x = self.final(x)
+            if cond is not None:
+                cond = cond[:, 6 * d * len(self.layers):].index_select(0, rows)
+        elif cond is not None:
+            cond = cond[:, 6 * d * len(self.layers):]
+        x = self.final(x) if cond is None else self.final.modulate(x, cond[:, :d], cond[:, d:])
         return self.head(x).view(B, Q, -1)
 
 
