@@ -71,7 +71,6 @@ class SpeculativeSampler:
         self.cache = model.setup_cache(B, n + 1, settings.attention)
         self.layout = ragged_layout(model, "padded")  # the fast path's (measured); the reference path: padded
         self.forward = compiled(model.forward_slots, settings.compile, dev)
-        self.dtype = next(model.parameters()).dtype
         self.auto = k == "auto"
         longest = AUTO_MAX if self.auto else int(k)
         self.k = np.full(B, AUTO_START if self.auto else int(k), dtype=np.int64)

@@ -55,7 +55,7 @@ from aogpt.errors import AOGPTError
 from aogpt.generation.generate import GenerationResult, generate
 from aogpt.generation.reveal import Revealed
 from aogpt.inference import for_inference
-from aogpt.kv_cache import KVCache, ragged_layout
+from aogpt.kv_cache import KVCache
 from aogpt.serve.batching import ForwardCall, row_invariant, run_alone, run_together
 from aogpt.serve.jobs import (
     GONE,
@@ -93,6 +93,8 @@ class SharedModel:
         self._engine, self._job = engine, job
         self.config = engine.model.config
         self.training = False
+        if hasattr(engine.runner, "ragged_layout"):  # the fast path's layout of ragged steps, as offline
+            self.ragged_layout = engine.runner.ragged_layout
 
     def parameters(self):
         return self._engine.model.parameters()
@@ -105,11 +107,6 @@ class SharedModel:
 
     def conditions(self):
         return self._engine.conditions
-
-    @property
-    def ragged_layout(self) -> str:
-        """How the engine's decode runner lays out a ragged step's attention (`aogpt.kv_cache.LAYOUTS`)."""
-        return ragged_layout(self._engine.runner)
 
     def setup_cache(self, batch: int, capacity: int | None = None, attention: str = "sdpa") -> KVCache:
         """The engine's decode runner's cache (the fast path's), or `Transformer.setup_cache` with the
