@@ -127,7 +127,9 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
     batch_size (default 32), use_cache, prepack (CPU: decode weights packed once, `aogpt.inference`),
     attention (the decode attention kernel, `aogpt.attention.KERNELS`; default auto), compile
     (torch.compile the decode step), skip_noop (an encoder skips the forward of steps that reveal
-    nothing, docs/encoder.md).
+    nothing, docs/encoder.md), decode_path ("fast", the default: `aogpt.decode`; "reference": the
+    previous path). Sample i draws from its own random streams keyed by (seed, i)
+    (`aogpt.generation.streams`): the batch size, the cache and the decode path do not change it.
     prompt: a prefix (text, needs `tokenizer`, or ids). teacher_tokens (N, n): feed these back instead
     of sampling (tests); record_logits keeps every query's logits. on_step: called after every step
     with the positions it revealed (`aogpt.generation.reveal.Revealed`). See docs/generation.md.
@@ -279,6 +281,7 @@ def _assemble(req: _Request, batches: list[_Batch], seconds: float) -> Generatio
               "speculative": req.speculative, "schedule": plan_cfg.schedule, "order": _order_label(req.order_arg),
               **({"candidates": plan_cfg.candidates, "threshold": plan_cfg.threshold} if req.adaptive else {}),
               "seed": req.seed, "use_cache": req.settings.use_cache and req.family.kv_cache,
+              "decode_path": decode_path(req.settings),
               "batch_size": req.batch_size, "variant": req.model.config.variant, **req.sampling.to_dict()}
     logits = [b.logits for b in batches if b.logits is not None]
     width = max(b.step_counts.shape[1] for b in batches)  # speculative batches may take different forwards
