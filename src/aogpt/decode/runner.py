@@ -38,10 +38,13 @@ ATTENTION_SETTINGS = {"sdpa": ("sdpa", None), "explicit": ("matmul", None), "sdp
 
 
 def supports(model: nn.Module) -> bool:
-    """Whether the fast path computes this model's decode steps (else the reference path does)."""
+    """Whether the fast path computes this model's decode steps (else the reference path does): a CPU
+    model (the path is built and measured for CPUs; a GPU keeps the reference path and its CUDA
+    graphs) whose blocks it covers."""
     cfg = model.config
-    return (cfg.causal and cfg.positions == "learned" and cfg.target in ("none", "input", "adaln")
-            and cfg.kv_heads == cfg.n_head and cfg.mlp in ("gelu", "gelu-tanh"))
+    return (next(model.parameters()).device.type == "cpu" and cfg.causal and cfg.positions == "learned"
+            and cfg.target in ("none", "input", "adaln") and cfg.kv_heads == cfg.n_head
+            and cfg.mlp in ("gelu", "gelu-tanh"))
 
 
 class _Norm:
