@@ -45,7 +45,7 @@ from pathlib import Path
 AVX2_ENV = {"AOGPT_CPU": "avx2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
             "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 LEVELS = {"avx2-fp32": {"env": AVX2_ENV, "dtype": "fp32"}, "amx-bf16": {"env": {}, "dtype": "bf16"}}
-WIDTHS = {96: 2, 128: 2, 192: 3, 256: 4}  # width: heads (head size 48 or 64)
+WIDTHS = {64: 2, 96: 2, 128: 2, 192: 3, 256: 4}  # width: heads (head size 32 to 64)
 BUDGET_SECONDS = 600.0
 COMPILE_SECONDS = 45.0
 OVERHEAD_SHARE = 0.05  # validation every 250 steps and checkpoints, measured on README's 10-minute run

@@ -92,17 +92,22 @@ def test_a_user_setting_of_torchs_limits_is_kept(monkeypatch):
 
 
 def test_packing_follows_the_capability_module(as_cpu):
-    """fp32 is packed wherever oneDNN is; under the avx2 class a bf16 model is not packed (plain linear
-    layers) and still generates."""
+    """fp32 is packed wherever oneDNN is; under the avx2 class a bf16 model is not packed (the
+    reference path's plain linear layers, the fast path's plain kernels) and still generates."""
+    from aogpt.decode import choice
+
     model = tiny_model("aogpt", vocab=16, block=8, dtype=torch.float32)
     if not capability.can_pack(torch.float32):
         pytest.skip("no oneDNN on this machine")
-    assert any(isinstance(m, PackedLinear) for m in for_inference(model).modules())
+    assert any(isinstance(m, PackedLinear) for m in for_inference(model, path="reference").modules())
     as_cpu("avx2")
+    choice.forget()
     bf16 = tiny_model("aogpt", vocab=16, block=8, dtype=torch.float32).to(torch.bfloat16)
-    assert for_inference(bf16) is bf16
+    assert for_inference(bf16, path="reference") is bf16
+    assert all(k.kind == "plain" for k in for_inference(bf16).decode_linears().values())
     res = generate(bf16, num_samples=2, length=8, steps=4, seed=0)
     assert res.tokens.shape == (2, 8)
+    choice.forget()
 
 
 @pytest.mark.skipif(capability._pack_probe("bfloat16"),
@@ -112,13 +117,18 @@ def test_bf16_generation_takes_the_avx2_path_and_fails_without_the_capability_mo
     """On a CPU that refuses bf16 packing, generation with a bf16 model works (plain linear layers),
     and bypassing the capability module brings back the refusal users saw as a traceback."""
     import aogpt.inference as inference
+    from aogpt.decode import choice
 
     model = tiny_model("aogpt", vocab=16, block=8, dtype=torch.float32).to(torch.bfloat16)
-    assert generate(model, num_samples=2, length=8, steps=4, seed=0).tokens.shape == (2, 8)
+    for path in ("fast", "reference"):
+        assert generate(model, num_samples=2, length=8, steps=4, seed=0, decode_path=path).tokens.shape == (2, 8)
     monkeypatch.setattr(inference.capability, "can_pack", lambda dtype: True)  # the module bypassed
-    inference._PACKED.clear()
-    with pytest.raises(RuntimeError, match="bf16 path needs the cpu support"):
-        generate(model, num_samples=2, length=8, steps=4, seed=0)
+    for path in ("fast", "reference"):
+        inference._KEPT.clear()
+        choice.forget()
+        with pytest.raises(RuntimeError, match="bf16 path needs the cpu support"):
+            generate(model, num_samples=2, length=8, steps=4, seed=0, decode_path=path)
+    choice.forget()
 
 
 def test_probes_are_cached_once_per_process(monkeypatch):

@@ -153,3 +153,26 @@ def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tens
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # eager FlexAttention warns that it is unfused
         return flex_attention(q, k, v, score_mod=add_mask)
+
+
+FEW_QUERY_KERNELS = ("sdpa", "matmul")
+
+
+def attend_few(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+               kind: str = "sdpa") -> torch.Tensor:
+    """softmax(q k^T + mask) v for a decode step's few queries per sequence, q (B, H, S, D) already
+    scaled by 1/sqrt(D) (the fast decode path folds the scale into its query weights), k and v
+    (B, H, L, D) views of a KV cache, `mask` additive (B or 1, 1, S, L) or None (every column).
+
+    ``sdpa``: torch's fused kernel (scale 1); ``matmul``: two batched products around a softmax,
+    without the fused kernel's per-call set-up (which one is faster depends on the CPU class and the
+    dtype: `aogpt.decode.choice` measures it). The softmax runs in at least float32."""
+    if kind == "sdpa":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+    scores = torch.matmul(q, k.transpose(-1, -2))
+    if mask is not None:
+        scores = scores.add_(mask) if mask.dtype == scores.dtype else scores + mask.to(scores.dtype)
+    if scores.dtype in (torch.float32, torch.float64):
+        return torch.matmul(scores.softmax(-1), v)
+    return torch.matmul(scores.softmax(-1, dtype=torch.float32).to(v.dtype), v)
+

@@ -1,4 +1,11 @@
-"""A model prepared for generation: the decode path's weights pre-packed for the CPU's matrix library.
+"""A model prepared for generation: the fast decode path, or the reference path's pre-packed weights.
+
+`for_inference(model)` returns the model's fast decode path (`aogpt.decode.runner.SmallStepModel`:
+kernels measured on this machine, fewer operations per layer) where it supports the model, built
+once from the weights as they are and reused until a weight changes. ``path="reference"`` returns
+the previous decode path, described below, which `aogpt bench generate` times beside the fast one.
+
+The reference path: the decode path's weights pre-packed for the CPU's matrix library.
 
 A decode step multiplies a few rows (one or a few slots per sequence) by every weight matrix. On
 the CPU, torch's default path (MKL's sgemm) re-packs the whole weight into its blocked layout on
@@ -25,6 +32,7 @@ from __future__ import annotations
 import copy
 import itertools
 import weakref
+from typing import Any
 
 import torch
 from torch import nn
@@ -58,31 +66,43 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
-_PACKED: weakref.WeakKeyDictionary[nn.Module, tuple[int, list[tuple[torch.Tensor, int]], nn.Module]] = \
-    weakref.WeakKeyDictionary()
+Kept = tuple[list[tuple[torch.Tensor, int]], Any]
+_KEPT: weakref.WeakKeyDictionary[nn.Module, dict[tuple[str, int], Kept]] = weakref.WeakKeyDictionary()
+PATHS = ("fast", "reference")
 
 
-def _unchanged(model: nn.Module, rows_hint: int, kept: tuple[int, list[tuple[torch.Tensor, int]], nn.Module]) -> bool:
-    """Whether a kept packed copy still matches the model: same row hint, and every parameter still
-    the same storage (the kept aliases hold the old storages alive, so a new tensor cannot reuse an
-    address) at the same version (bumped by any in-place change: an optimizer step, load_state_dict)."""
-    hint, weights, _ = kept
+def _unchanged(model: nn.Module, weights: list[tuple[torch.Tensor, int]]) -> bool:
+    """Whether a kept copy still matches the model: every parameter still the same storage (the kept
+    aliases hold the old storages alive, so a new tensor cannot reuse an address) at the same version
+    (bumped by any in-place change: an optimizer step, load_state_dict)."""
     params = list(model.parameters())
-    return hint == rows_hint and len(params) == len(weights) and all(
+    return len(params) == len(weights) and all(
         p.data_ptr() == t.data_ptr() and p.dtype == t.dtype and p._version == v
         for p, (t, v) in zip(params, weights, strict=True))
 
 
-def for_inference(model: nn.Module, rows_hint: int = 8) -> nn.Module:
-    """The model with its decode-path linear layers packed (module docstring); `model` itself when
-    packing does not apply. `rows_hint`: the typical number of rows per step. The packed copy is
-    kept (weakly, per model) and reused while the weights are unchanged, so repeated `generate`
-    calls do not pack again."""
-    if not packing_available(model):
+def for_inference(model: nn.Module, rows_hint: int = 8, path: str = "fast") -> Any:
+    """The model's decode runner (module docstring): ``fast``, the small-step path where it supports
+    the model (else the reference path); ``reference``, the model with its decode-path linear layers
+    packed (`model` itself when packing does not apply; `rows_hint`: the typical number of rows per
+    step, at least `MIN_ROWS_HINT`). Kept (weakly, per model) and reused while the weights are
+    unchanged, so repeated `generate` calls do not prepare it again."""
+    from aogpt.decode import runner
+
+    fast = path == "fast" and runner.supports(model)
+    key = ("fast", 0) if fast else ("reference", rows_hint)
+    if not fast and not packing_available(model):
         return model
-    kept = _PACKED.get(model)
-    if kept is not None and _unchanged(model, rows_hint, kept):
-        return kept[2]
+    kept = _KEPT.setdefault(model, {})
+    if key in kept and _unchanged(model, kept[key][0]):
+        return kept[key][1]
+    built = runner.build(model) if fast else _packed(model, rows_hint)
+    kept[key] = ([(p.detach(), p._version) for p in model.parameters()], built)
+    return built
+
+
+def _packed(model: nn.Module, rows_hint: int) -> nn.Module:
+    """A structural copy of `model` sharing its parameters, with the decode-path linear layers packed."""
     shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
     clone = copy.deepcopy(model, shared)
     for name, module in list(clone.named_modules()):
@@ -90,5 +110,4 @@ def for_inference(model: nn.Module, rows_hint: int = 8) -> nn.Module:
             full = f"{name}.{child_name}" if name else child_name
             if isinstance(child, nn.Linear) and full.endswith(DECODE_PATH):
                 setattr(module, child_name, PackedLinear(child, rows_hint))
-    _PACKED[model] = (rows_hint, [(p.detach(), p._version) for p in model.parameters()], clone.eval())
-    return clone
+    return clone.eval()

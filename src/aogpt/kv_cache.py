@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from aogpt.attention import KERNELS, attend
+from aogpt.attention import KERNELS, attend, attend_few
 
 
 @dataclass
@@ -128,58 +128,175 @@ def storage_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
 MAX_VIEW_RUNS = 8  # up to this many runs (at least: twice the widths), views of the cache beat gathered copies
 
 
+def additive_rows(cols: np.ndarray, decided: np.ndarray, span: int, dtype: torch.dtype,
+                  device: torch.device) -> torch.Tensor:
+    """`additive(step_mask(...))` built in numpy, for rows at cache columns `cols` (any shape) whose
+    sequences have `decided` (same shape) decided columns: (..., span), 0 where a row may attend."""
+    a = np.arange(span)
+    c, g = cols[..., None], decided[..., None]
+    allowed = ((a < g) & (a <= c)) | (a == c)
+    bias = np.where(allowed, np.float32(0), np.float32(-np.inf))
+    return torch.from_numpy(bias).to(device=device, dtype=dtype)
+
+
 def ragged_rows(sizes: np.ndarray, first: np.ndarray, decided: np.ndarray, dtype: torch.dtype,
                 device: torch.device) -> tuple[np.ndarray, np.ndarray, RaggedSlots]:
     """The packed rows of a ragged step, bucketed by width: sequence b has `sizes[b]` rows (0: it sits
     the step out) at cache columns first[b] .. first[b] + sizes[b] - 1, and `decided[b]` decided
     columns that its rows may see (`step_mask`). Returns the rows' sequences and columns (numpy, in
-    packed order) and the `RaggedSlots` for the forward."""
-    active = np.nonzero(sizes)[0]
-    seqs = active[np.argsort(sizes[active], kind="stable")]  # by width, then by index
-    width = sizes[seqs]
-    b = np.repeat(seqs, width)
-    col = first[b] + np.arange(len(b)) - np.repeat(np.cumsum(width) - width, width)
+    packed order) and the `RaggedSlots` for the forward (`ragged_steps` for one step)."""
+    return ragged_steps(sizes[None], first[None], decided[None], dtype, device)[0]
+
+
+MASK_CHUNK = 1 << 24  # mask elements built at once while planning ragged steps (64 MiB of float32)
+
+
+def ragged_steps(sizes: np.ndarray, first: np.ndarray, decided: np.ndarray, dtype: torch.dtype,
+                 device: torch.device) -> list[tuple[np.ndarray, np.ndarray, RaggedSlots]]:
+    """`ragged_rows` for several steps at once, (T, B) arrays: a decode loop plans all its steps
+    before the first forward, so the index arithmetic, the buckets and the masks of every step are
+    built with a few numpy operations over all of them (per step, only the `Bucket` objects remain)."""
+    T, B = sizes.shape
+    order = np.argsort(sizes * (B + 1) + np.arange(B), axis=1, kind="stable")  # by width, then by index
+    width = np.take_along_axis(sizes, order, axis=1)
+    rows_per_step = width.sum(axis=1)
+    row0 = np.cumsum(rows_per_step) - rows_per_step
+    flat_w, flat_s = width.ravel(), order.ravel()
+    flat_t = np.repeat(np.arange(T), B)
+    step_of = np.repeat(flat_t, flat_w)
+    b_all = np.repeat(flat_s, flat_w)
+    within = np.arange(len(b_all)) - np.repeat(np.cumsum(flat_w) - flat_w, flat_w)
+    col_all = first[step_of, b_all] + within
+    # buckets: runs of consecutive sequences of one width within a step (their cache is a view: a
+    # slice of the batch, never a gathered copy, which per layer costs more than the extra calls)
+    on = flat_w > 0
+    t_on, s_on, w_on = flat_t[on], flat_s[on], flat_w[on]
+    new = np.r_[True, (t_on[1:] != t_on[:-1]) | (w_on[1:] != w_on[:-1]) | (s_on[1:] != s_on[:-1] + 1)]
+    runs_per_step = np.bincount(t_on[new], minlength=T)
+    widths_per_step = np.array([len(np.unique(w_on[t_on == t])) for t in range(T)]) if \
+        (runs_per_step > MAX_VIEW_RUNS).any() else np.zeros(T, dtype=np.int64)
+    gathered = runs_per_step > np.maximum(MAX_VIEW_RUNS, 2 * widths_per_step)
+    # a large batch (a sampler's law test, a server's full batch): runs of consecutive sequences would be
+    # nearly one attention call per sequence; one call per width there, its keys gathered
+    new_g = np.r_[True, (t_on[1:] != t_on[:-1]) | (w_on[1:] != w_on[:-1])]
+    new = np.where(gathered[t_on], new_g, new)
+    starts = np.flatnonzero(new)
+    count = np.diff(np.r_[starts, len(t_on)])
+    bucket_t, bucket_w = t_on[starts], w_on[starts]
+    bucket_lo, bucket_hi = s_on[starts], s_on[starts + count - 1]
+    rows_before = np.cumsum(count * bucket_w) - count * bucket_w
+    bucket_row = rows_before - row0[bucket_t]  # first row within its step
+    span = np.maximum.reduceat(first[t_on, s_on], starts) + bucket_w
+    b_t = torch.from_numpy(b_all.astype(np.int64)).to(device)
+    col_t = torch.from_numpy(col_all.astype(np.int64)).to(device)
+    masks = _chunked_masks(col_all, decided[step_of, b_all], step_of, row0, rows_per_step, dtype, device)
+    buckets: list[list[Bucket]] = [[] for _ in range(T)]
+    for i in range(len(starts)):
+        t, c, w, lo, hi = int(bucket_t[i]), int(count[i]), int(bucket_w[i]), int(bucket_lo[i]), int(bucket_hi[i])
+        at, sp = int(bucket_row[i]), int(span[i])
+        which = slice(lo, hi + 1) if hi - lo + 1 == c else \
+            torch.from_numpy(s_on[starts[i]:starts[i] + c].astype(np.int64)).to(device)
+        mask = masks[t][at:at + c * w, :, :sp].unflatten(0, (c, w)).transpose(1, 2)
+        buckets[t].append(Bucket(at, c, w, which, mask))
+    out = []
+    for t in range(T):
+        r0, r1 = int(row0[t]), int(row0[t] + rows_per_step[t])
+        out.append((b_all[r0:r1], col_all[r0:r1], RaggedSlots(b_t[r0:r1], col_t[r0:r1], buckets[t])))
+    return out
+
+
+def _chunked_masks(col: np.ndarray, decided: np.ndarray, step_of: np.ndarray, row0: np.ndarray,
+                   rows_per_step: np.ndarray, dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
+    """Every step's additive mask rows (R_t, 1, span_t), built in chunks of steps of at most
+    `MASK_CHUNK` elements (`additive_rows` over the chunk's widest span)."""
+    T = len(rows_per_step)
+    span_t = np.zeros(T, dtype=np.int64)
+    np.maximum.at(span_t, step_of, col + 1)
+    out: list[torch.Tensor] = []
+    t = 0
+    while t < T:
+        end, widest = t + 1, int(span_t[t])
+        while end < T and int(rows_per_step[t:end + 1].sum()) * max(widest, int(span_t[end])) <= MASK_CHUNK:
+            widest = max(widest, int(span_t[end]))
+            end += 1
+        r0, r1 = int(row0[t]), int(row0[end - 1] + rows_per_step[end - 1])
+        chunk = additive_rows(col[r0:r1], decided[r0:r1], widest, dtype, device)[:, None]
+        for u in range(t, end):
+            a = int(row0[u]) - r0
+            out.append(chunk[a:a + int(rows_per_step[u]), :, :int(span_t[u])])
+        t = end
+    return out
+
+
+def padded_rows(sizes: np.ndarray, first: np.ndarray, decided: np.ndarray, dtype: torch.dtype,
+                device: torch.device) -> tuple[np.ndarray, np.ndarray, PackedSlots, torch.Tensor]:
+    """The packed rows of a ragged step in one attention call: sequence b's `sizes[b]` rows (0: it sits
+    the step out) at cache columns first[b] .. first[b] + sizes[b] - 1, sequence-major, attend in the
+    padded (B, width) layout under the returned additive mask (B, 1, width, span) over the first span
+    cache columns (`step_mask` with `decided`); a padding row sees column 0 only and is dropped.
+    Returns the rows' sequences and columns (numpy), the `PackedSlots` and the mask."""
+    B = len(sizes)
+    R, W = int(sizes.sum()), int(sizes.max())
+    b = np.repeat(np.arange(B), sizes)
+    s = np.arange(R) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    col = first[b] + s
+    span = int(col.max()) + 1
 
     def t(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
 
-    buckets, start = [], 0
-    # one bucket per run of consecutive sequences of one width: their cache is a view (a slice of the
-    # batch), never a gathered copy (a copy of every key of the step's sequences, per layer, costs more
-    # than the extra attention calls from n = 256 on)
-    cut = np.nonzero((np.diff(width) != 0) | (np.diff(seqs) != 1))[0] + 1
-    groups = np.split(seqs, cut)
-    widths = np.unique(width)
-    if len(groups) > max(MAX_VIEW_RUNS, 2 * len(widths)):
-        # a large batch (a sampler's law test, a server's full batch): runs of consecutive sequences
-        # would be nearly one attention call per sequence; one call per width, its keys gathered
-        # (seqs is sorted by width, so each width's rows are already contiguous in packed order)
-        groups = [seqs[width == w] for w in widths]
-    for group in groups:
-        w = int(sizes[group[0]])
-        cols = first[group][:, None] + np.arange(w)
-        allowed = step_mask(t(cols), t(decided[group])[:, None], int(cols.max()) + 1)
-        contiguous = int(group[-1]) - int(group[0]) + 1 == len(group)
-        which = slice(int(group[0]), int(group[-1]) + 1) if contiguous else t(group)
-        buckets.append(Bucket(start, len(group), w, which, additive(allowed[:, None], dtype)))
-        start += len(group) * w
-    return b, col, RaggedSlots(t(b), t(col), buckets)
+    cols = first[:, None] + np.arange(W)
+    padding = np.arange(W) >= sizes[:, None]  # a padding row sees column 0 only
+    mask = additive_rows(np.where(padding, 0, cols), np.where(padding, 0, decided[:, None]), span, dtype, device)
+    return b, col, PackedSlots(t(b), t(col), t(b * W + s), W), mask[:, None]
+
+
+LAYOUTS = ("buckets", "padded")  # a ragged step's attention: one call per run of a width, or one padded call
+
+
+def ragged_layout(model: object, default: str = "buckets") -> str:
+    """The layout a decode runner wants for ragged steps (its ``ragged_layout``, which the fast path
+    measures); a model or the reference path has none, and each sampler keeps its own (`default`)."""
+    return getattr(model, "ragged_layout", default)
+
+
+def step_rows(layout: str, sizes: np.ndarray, first: np.ndarray, decided: np.ndarray, dtype: torch.dtype,
+              device: torch.device) -> tuple[np.ndarray, np.ndarray, RaggedSlots | PackedSlots, torch.Tensor | None]:
+    """A ragged step's packed rows in `layout` (`ragged_rows` or `padded_rows`): their sequences and
+    columns (numpy, in packed order), where their keys go, and the step's mask (None for buckets,
+    which carry their own)."""
+    if layout == "padded":
+        return padded_rows(sizes, first, decided, dtype, device)
+    b, col, where = ragged_rows(sizes, first, decided, dtype, device)
+    return b, col, where, None
+
+
+def sequence_major(b: np.ndarray, col: np.ndarray) -> np.ndarray | None:
+    """The packed rows (sequences `b`, columns `col`) in sequence-major order, sequence by sequence and
+    columns ascending, as indices into the packed order; None when they already are."""
+    order = np.lexsort((col, b))
+    return None if (order == np.arange(len(order))).all() else order
 
 
 class KVCache:
     """Static key/value buffers for every layer, plus the inference tables of the weights they were
-    set up from."""
+    set up from. Keys and values of a layer are one buffer (2, B, H, capacity, D), so a step writes
+    both with one copy (`attend_rows`); `k` and `v` are its two halves, (layers, B, H, capacity, D).
+
+    `attention` is the kernel of `attend` (the reference decode path, `aogpt.attention.attend`);
+    `few_query` the kernel of `attend_rows` (the fast path, `aogpt.attention.attend_few`); `store`
+    the dtype keys are kept in (default `storage_dtype`)."""
 
     def __init__(self, n_layer: int, batch: int, n_head: int, capacity: int, head_dim: int,
                  device: torch.device | str, dtype: torch.dtype, conditions: Conditions | None = None,
-                 attention: str = "sdpa"):
-        shape = (n_layer, batch, n_head, capacity, head_dim)
-        store = storage_dtype(torch.device(device), dtype)
-        self.k = torch.zeros(shape, device=device, dtype=store)
-        self.v = torch.zeros(shape, device=device, dtype=store)
+                 attention: str = "sdpa", few_query: str = "sdpa", store: torch.dtype | None = None):
+        store = store or storage_dtype(torch.device(device), dtype)
+        self.kv = torch.zeros((n_layer, 2, batch, n_head, capacity, head_dim), device=device, dtype=store)
+        self.k, self.v = self.kv[:, 0], self.kv[:, 1]
         self.batch, self.capacity = batch, capacity
         self.conditions = conditions
         self.attention = attention
+        self.few_query = few_query
         self._rows = torch.arange(batch, device=device)[:, None]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -238,3 +355,44 @@ class KVCache:
             kc[self._rows, :, cache_pos] = k.transpose(1, 2)
             vc[self._rows, :, cache_pos] = v.transpose(1, 2)
         return kc[:, :, :span], vc[:, :, :span]
+
+    def attend_rows(self, layer: int, qkv: torch.Tensor, cache_pos: int | PackedSlots | RaggedSlots,
+                    attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """The fast decode path's attention (`aogpt.decode`): this step's rows `qkv` (R, 3, H, D), queries
+        already scaled, in the forward's row order (a uniform (B, S) step: sequence-major; a ragged
+        one: packed). Writes their keys and values with one copy, attends with `few_query` over the
+        cache and returns (R, H * D) in qkv's dtype (computed in the cache's, `storage_dtype`)."""
+        R, _, H, D = qkv.shape
+        out_dtype = qkv.dtype
+        if qkv.dtype != self.kv.dtype:
+            qkv = qkv.to(self.kv.dtype)
+        if attn_mask is not None and attn_mask.dtype != self.kv.dtype:
+            attn_mask = attn_mask.to(self.kv.dtype)
+        kv = self.kv[layer]
+        if isinstance(cache_pos, int):  # a (B, S) block at columns cache_pos .. cache_pos + S - 1
+            B = self.batch
+            S = R // B
+            rows = qkv.view(B, S, 3, H, D)
+            kv[:, :, :, cache_pos:cache_pos + S] = rows[:, :, 1:].permute(2, 0, 3, 1, 4)
+            span = attn_mask.shape[-1] if attn_mask is not None else cache_pos + S
+            y = attend_few(rows[:, :, 0].transpose(1, 2), kv[0, :, :, :span], kv[1, :, :, :span], attn_mask,
+                           self.few_query)
+            return y.transpose(1, 2).reshape(R, H * D).to(out_dtype)
+        kv[:, cache_pos.batch, :, cache_pos.column] = qkv[:, 1:]
+        if isinstance(cache_pos, PackedSlots):  # queries scattered into (B, width), padding dropped after
+            W = cache_pos.width
+            padded = qkv.new_zeros(self.batch * W, H, D).index_copy_(0, cache_pos.pad, qkv[:, 0])
+            padded = padded.view(self.batch, W, H, D).transpose(1, 2)
+            span = attn_mask.shape[-1]
+            y = attend_few(padded, kv[0, :, :, :span], kv[1, :, :, :span], attn_mask, self.few_query)
+            return y.transpose(1, 2).reshape(-1, H * D).index_select(0, cache_pos.pad).to(out_dtype)
+        out = []
+        for bucket in cache_pos.buckets:  # one call per run of consecutive sequences of one width
+            c, w = bucket.count, bucket.width
+            q = qkv[bucket.start:bucket.start + c * w, 0].view(c, w, H, D).transpose(1, 2)
+            span = bucket.mask.shape[-1]
+            mask = bucket.mask if bucket.mask.dtype == self.kv.dtype else bucket.mask.to(self.kv.dtype)
+            y = attend_few(q, kv[0, bucket.seqs, :, :span], kv[1, bucket.seqs, :, :span], mask, self.few_query)
+            out.append(y.transpose(1, 2).reshape(c * w, H * D))
+        return (out[0] if len(out) == 1 else torch.cat(out)).to(out_dtype)
+

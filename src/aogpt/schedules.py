@@ -19,8 +19,9 @@ Time grids (t_0 = 1 down to t_T = 0): ``linear`` t_k = 1 - k / T; ``cosine`` t_k
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
-import torch
+import numpy as np
 
 from aogpt.errors import AOGPTError, check_choice
 
@@ -61,17 +62,19 @@ def unmask_probabilities(steps: int, schedule: str = "linear") -> list[float]:
     return [(t - s) / t for t, s in zip(grid[:-1], grid[1:], strict=True)]
 
 
-def bernoulli_counts(masked: torch.Tensor, prob: float, generator: torch.Generator | None = None) -> torch.Tensor:
+def bernoulli_counts(masked: np.ndarray, prob: float, uniforms: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
     """Number of revealed positions per sequence: one Bernoulli(prob) per still-masked position.
 
-    masked: (B,) int64 still-masked counts (on the CPU). Literally Lemma 4.1's first stage, with
-    float64 uniforms, so the counts are exactly Binomial(masked, prob); prob 1 reveals everything.
+    masked: (B,) still-masked counts. `uniforms(seqs)` returns one float64 uniform per entry of
+    `seqs` (sequence b listed masked[b] times; each sequence's own stream, `aogpt.generation.streams`).
+    Literally Lemma 4.1's first stage, so the counts are exactly Binomial(masked, prob); prob 1
+    reveals everything.
     """
+    masked = np.asarray(masked, dtype=np.int64)
     if prob >= 1.0:
-        return masked.clone()
-    width = int(masked.max()) if masked.numel() else 0
-    if prob <= 0.0 or width == 0:
-        return torch.zeros_like(masked)
-    fired = torch.rand(masked.shape[0], width, dtype=torch.float64, generator=generator) < prob
-    fired &= torch.arange(width) < masked[:, None]
-    return fired.sum(dim=1)
+        return masked.copy()
+    if prob <= 0.0 or not masked.any():
+        return np.zeros_like(masked)
+    seqs = np.repeat(np.arange(len(masked)), masked)
+    fired = uniforms(seqs) < prob
+    return np.bincount(seqs[fired], minlength=len(masked)).astype(np.int64)

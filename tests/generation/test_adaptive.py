@@ -19,6 +19,7 @@ from aogpt.errors import AOGPTError
 from aogpt.evaluation.evaluate import conditional_logprobs
 from aogpt.generation.adaptive import candidate_scores, choose
 from aogpt.generation.generate import generate, infill
+from aogpt.generation.streams import SequenceStreams
 from aogpt.orders import ADAPTIVE, make_order_sampler
 from aogpt.sampling import SamplingConfig, sample_tokens
 from tests.generation.test_generate import tiny_model
@@ -39,10 +40,10 @@ def numpy_scores(logp: np.ndarray, policy: str) -> tuple[np.ndarray, np.ndarray]
 
 def recompute(model, res, policy: str, cfg: SamplingConfig, seed: int, threshold: float | None = None):
     """(orders, tokens) the adaptive policy gives when every step is recomputed from scratch: same
-    step counts planned (`res.step_counts` as floors), one draw per step over the batch's revealed
-    rows in sequence order, best first."""
+    step counts planned (`res.step_counts` as floors), each token drawn from its sequence's own stream,
+    best first."""
     B, n = res.tokens.shape
-    gen = torch.Generator().manual_seed(seed)
+    streams = SequenceStreams(seed, 0, B)
     m = int(res.known.sum())
     orders = [list(res.orders[b, :m].tolist()) for b in range(B)]
     tokens = torch.full((B, n), -1, dtype=torch.long)
@@ -64,7 +65,8 @@ def recompute(model, res, policy: str, cfg: SamplingConfig, seed: int, threshold
                 where.append((b, left[j]))
                 orders[b].append(left[j])
         if rows:
-            new = sample_tokens(torch.stack(rows), cfg, gen)
+            seqs = np.array([b for b, _ in where])
+            new = sample_tokens(torch.stack(rows), cfg, uniforms=streams.token_uniforms(seqs, cfg.dtype, "cpu"))
             for (b, p), tok in zip(where, new.tolist(), strict=True):
                 tokens[b, p] = tok
     return torch.tensor(orders), tokens

@@ -17,7 +17,8 @@ from scipy import stats
 
 from aogpt.config import model_config
 from aogpt.errors import AOGPTError
-from aogpt.generation.generate import generate, infill, make_generators
+from aogpt.generation.generate import generate, infill
+from aogpt.generation.streams import SequenceStreams
 from aogpt.model import Transformer
 from aogpt.sampling import SamplingConfig, sample_tokens
 from aogpt.schedules import count_schedule
@@ -269,7 +270,7 @@ def test_infill_never_alters_given_tokens_and_never_samples_padding():
 
 def naive_ar(model: Transformer, prompt: list[int], n: int, N: int, seed: int, cfg: SamplingConfig) -> torch.Tensor:
     """Plain left-to-right sampling: a full forward over everything so far, every step."""
-    gen = make_generators(seed, "cpu").tokens
+    streams = SequenceStreams(seed, 0, N)  # sequence b's tokens from its own stream, in order
     x = torch.tensor(prompt, dtype=torch.long).expand(N, len(prompt))
     for i in range(len(prompt), n):
         tokens = torch.cat([torch.full((N, 1), -1), x], 1)
@@ -277,7 +278,8 @@ def naive_ar(model: Transformer, prompt: list[int], n: int, N: int, seed: int, c
         tgt = torch.arange(i + 1).expand(N, i + 1)
         with torch.no_grad():
             logits = model.forward_slots(tokens, pos, tgt)[:, -1]
-        x = torch.cat([x, sample_tokens(logits, cfg, gen)[:, None]], 1)
+        u = streams.token_uniforms(np.arange(N), cfg.dtype, "cpu")
+        x = torch.cat([x, sample_tokens(logits, cfg, uniforms=u)[:, None]], 1)
     return x
 
 

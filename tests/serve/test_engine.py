@@ -59,11 +59,14 @@ def _submit_all(engine: Engine, requests: list[dict]) -> list[Job]:
 
 
 def test_packed_decode_path_is_row_invariant(quickstart_sized):
-    """The premise of batch invariance on this machine: oneDNN's packed GEMM gives a row the same bits
-    whatever the number of rows, and whatever the row count the weight was packed for."""
+    """The premise of batch invariance on this machine: the fast decode path's kernels (chosen among
+    the row-invariant ones) and the reference path's packed GEMM give a row the same bits whatever the
+    number of rows, and, for the reference path, whatever the row count the weight was packed for."""
     from aogpt.inference import for_inference
 
-    runners = [for_inference(quickstart_sized, rows_hint=h) for h in (1, 8, 32)]
+    fast = for_inference(quickstart_sized)
+    assert fast.choice.row_invariant and row_invariant(fast)
+    runners = [for_inference(quickstart_sized, rows_hint=h, path="reference") for h in (1, 8, 32)]
     assert all(row_invariant(r) for r in runners)
     x = torch.randn(40, 192, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():

@@ -15,7 +15,14 @@ evaluations (real and padded):
   running it is too slow; labelled as an estimate everywhere);
 - ``gpt``: our left-to-right GPT with its KV cache (n steps, one token each);
 - ``hf-gpt2``: Hugging Face `transformers` GPT-2 `generate()` with its KV cache, same size, when
-  `transformers` is installed (`aogpt.bench.hf_gpt2`).
+  `transformers` is installed (`aogpt.bench.hf_gpt2`);
+- ``aogpt-reference`` / ``gpt-reference``: AO-GPT (Bernoulli) and our GPT on the previous decode path
+  (``decode_path="reference"``, `aogpt.inference`): the fast path's speed-up, side by side.
+
+With FLOPs counted (the default), every step is also set against its roofline (`aogpt.bench.roofline`):
+the run measures one thread's memory read rate (`aogpt.bench.limits.memory_bandwidth`, before and
+after the timings, the faster kept) beside the matrix rate, counts each contender's bytes per step,
+and reports its milliseconds per step over max(FLOPs / peak, bytes / bandwidth).
 
 Every aogpt contender goes through `aogpt.generation.generate.generate`, the code users call. Random weights
 by default: the cost of generation does not depend on what the weights are.
@@ -29,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from aogpt.bench import hf_gpt2
@@ -44,7 +52,8 @@ from aogpt.bench.common import (
     write_outputs,
 )
 from aogpt.bench.generate_report import ratios, to_markdown
-from aogpt.bench.limits import counted_matmul_flops, matmul_rate, model_shapes
+from aogpt.bench.limits import counted_matmul_flops, matmul_rate, memory_bandwidth, model_shapes
+from aogpt.bench.roofline import StepBytes, decoder_bytes, pass_bytes, roofline
 from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
 
@@ -71,10 +80,15 @@ METHODS: dict[str, Method] = {
     "encoder-est": Method("encoder-mdm", "encoder-only MDM, estimated: T x one timed pass", estimate=True),
     "gpt": Method("gpt", "our GPT, KV cache (n steps)", dict(policy="count", order="l2r"), every_t=False),
     "hf-gpt2": Method(None, "transformers GPT-2 generate(), KV cache (n steps)", every_t=False),
+    "aogpt-reference": Method("aogpt", "AO-GPT, Bernoulli, on the previous decode path",
+                              dict(policy="bernoulli", decode_path="reference")),
+    "gpt-reference": Method("gpt", "our GPT on the previous decode path (n steps)",
+                            dict(policy="count", order="l2r", decode_path="reference"), every_t=False),
 }
+REFERENCE = {"aogpt-reference": "aogpt", "gpt-reference": "gpt"}  # the previous decode path -> the fast one
 DEFAULT_METHODS = ("aogpt", "aogpt-count", "aogpt-nocache", "encoder", "encoder-noskip", "gpt", "hf-gpt2")
 DEFAULT_STEPS = (16, 32, 64, 128, 256)
-QUICK = dict(n=32, batch=2, steps=(4, 8, 32), size=QUICK_SIZE, repeats=1)
+QUICK = dict(n=32, batch=2, steps=(4, 8, 32), size=QUICK_SIZE, repeats=1, memory_buffer=64 * 2 ** 20)
 
 
 def check_methods(methods: list[str] | tuple[str, ...]) -> list[str]:
@@ -83,6 +97,40 @@ def check_methods(methods: list[str] | tuple[str, ...]) -> list[str]:
         raise AOGPTError(f"unknown method(s) {', '.join(bad) or '(none given)'}",
                          f"choose from: {', '.join(METHODS)}")
     return list(dict.fromkeys(methods))
+
+
+def _cache_dtype(model: Any, settings: dict[str, Any]) -> torch.dtype:
+    """The dtype the contender's KV cache keeps keys in (the fast path measures it)."""
+    from aogpt.generation.generate import decode_path
+    from aogpt.generation.settings import settings_from
+    from aogpt.inference import for_inference
+    from aogpt.kv_cache import storage_dtype
+
+    p = next(model.parameters())
+    if decode_path(settings_from(None, **settings)) == "fast":
+        runner = for_inference(model)
+        if hasattr(runner, "choice"):
+            return runner.choice.store
+    return storage_dtype(p.device, p.dtype)
+
+
+def _step_bytes(method: str, model: Any, result: Any, n: int, batch: int, T: int) -> StepBytes:
+    """What one forward of `method` reads and writes (`aogpt.bench.roofline`); `model` is ours (for
+    transformers' GPT-2: our GPT of the same size), `result` its run's `GenerationResult` (None:
+    transformers, or the estimated encoder)."""
+    spec = METHODS[method]
+    if spec.variant is not None and spec.variant.startswith("encoder") or spec.settings.get("use_cache") is False:
+        forwards = T if result is None else max(int(result.timing["forwards"]), 1)
+        head = batch * n / forwards  # every position is drawn once over the run
+        rows = batch * n if result is None or spec.variant.startswith("encoder") else \
+            result.timing["slot_evaluations"] / forwards
+        return pass_bytes(model, int(rows), int(round(head)))
+    if result is None:  # transformers GPT-2: one token per step, as our GPT
+        counts = np.ones((batch, n), dtype=np.int64)
+        return decoder_bytes(model, next(model.parameters()).dtype, counts, n, batch * n, batch * n)
+    t = result.timing
+    return decoder_bytes(model, _cache_dtype(model, spec.settings), result.step_counts.numpy(), int(t["forwards"]),
+                         int(t["slot_evaluations"]), batch * n)
 
 
 def _encoder_pass(model: Any, n: int, batch: int, T: int, seed: int) -> Callable[[], Any]:
@@ -134,17 +182,19 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
                    temperature: float = 1.0, checkpoints: dict[str, Path] | None = None,
                    dtypes: str | list[str] | tuple[str, ...] | None = None, out: Path | None = None,
                    progress: Callable[[int, str], None] | None = None, encoder_limit: float | None = None,
-                   count_flops: bool = True, deadline: float | None = None,
-                   cutoff: float | None = None) -> dict[str, Any]:
+                   count_flops: bool = True, deadline: float | None = None, cutoff: float | None = None,
+                   memory_buffer: int | None = None) -> dict[str, Any]:
     """Time every method at every T; write DIR/generate.{md,json,png} when `out` is given.
 
     encoder_limit: run the encoder only at the T where T x one timed full pass stays under this many
     seconds; elsewhere it is estimated (``encoder-est``, labelled so; None: always run). count_flops:
     count every contender's matrix-product FLOPs in one extra untimed run (the encoder's as its
     passes x one pass's) and report the model FLOPs utilisation against this machine's measured
-    matmul rate (`aogpt.bench.limits`). deadline: a `time.monotonic()` value past which no further
-    repeat starts (every measurement still runs once); cutoff: one past which no run starts at all (a
-    time-boxed caller: the measurements not run are absent from the result).
+    matmul rate (`aogpt.bench.limits`), and set every step against its roofline (`aogpt.bench.roofline`),
+    with the memory read rate of a buffer of `memory_buffer` bytes (default: beyond the last-level cache).
+    deadline: a `time.monotonic()` value past which no further repeat starts (every measurement still
+    runs once); cutoff: one past which no run starts at all (a time-boxed caller: the measurements not
+    run are absent from the result).
 
     dtypes: the precisions the models' weights are in (``fp32``, ``bf16``, ``auto``; default auto:
     bf16 where the hardware has bf16 units). With several, every (method, T, precision) is timed in
@@ -206,6 +256,7 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
     for d in dtypes:
         for m in methods:  # warm-up: allocator, kernels, lazy imports; not timed
             timed_cpu(call(m, min(4, n), d, length=min(n, 16)), dev)
+    bandwidth = memory_bandwidth(largest=memory_buffer) if count_flops and dev.type == "cpu" else None
     keys = [(m, T, d) for d in dtypes for m in methods for T in (steps if METHODS[m].every_t else [n])]
     estimated: dict[str, list[int]] = {}
     if encoder_limit is not None and "encoder" in methods:
@@ -220,11 +271,15 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
             progress(done[0], f"{key[0]} T={key[1]}" + (f" {key[2]}" if len(dtypes) > 1 else ""))
 
     timings = interleaved_timings(calls, dev, repeats, long_run, tick, deadline, cutoff)
+    if bandwidth is not None:  # measured again after the timings: a busy moment during one does not lower it
+        again = memory_bandwidth(largest=memory_buffer)
+        faster = {k: max(v, again["by_bytes"][k]) for k, v in bandwidth["by_bytes"].items()}
+        bandwidth = {**bandwidth, "by_bytes": faster, "memory": max(bandwidth["memory"], again["memory"])}
     base = {"benchmark": "generate", "n": n, "batch": batch, "steps": steps, "methods": methods, "skipped": skipped,
             "labels": {m: METHODS[m].label for m in methods}, "size": size.to_dict(), "repeats": repeats,
             "long_run_s": long_run, "seed": seed, "top_p": top_p, "temperature": temperature,
             "checkpoints": {k: str(v) for k, v in checkpoints.items()}, "environment": environment(dev),
-            "encoder_estimated": estimated, "encoder_limit_s": encoder_limit}
+            "encoder_estimated": estimated, "encoder_limit_s": encoder_limit, "memory_bandwidth": bandwidth}
     by_dtype: dict[str, Any] = {}
     counted: dict[tuple[str, int], float] = {}
     for d in dtypes:
@@ -232,7 +287,8 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
                              "precision_why": precision[d][1].replace(" autocast", " weights"),
                              **{k: {m: {} for m in methods} for k in ("seconds", "cpu_seconds", "runs", "forwards",
                                                                        "slots", "padded_slots", "ms_per_step",
-                                                                       "flops", "mfu")}}
+                                                                       "cpu_ms_per_step", "flops", "mfu",
+                                                                       "roofline")}}
         if count_flops:
             r["matmul_rate"] = matmul_rate(model_shapes(batch, size.n_embd) + model_shapes(batch * n, size.n_embd),
                                            weights[d], dev, repeats=3)
@@ -253,12 +309,18 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
                 forwards = n
             if forwards:
                 r["ms_per_step"][m][str(T)] = sec * factor / forwards * 1e3
+                r["cpu_ms_per_step"][m][str(T)] = timings.cpu[(m, T, d)] * factor / forwards * 1e3
             if count_flops:  # the same in every precision: counted once
                 if (m, T) not in counted:
                     counted[(m, T)] = _flops(T, forwards, calls[(m, T, d)], lambda T=T, d=d: call("encoder-est", T, d),
                                              METHODS[m].variant == "encoder-mdm")
                 flops = r["flops"][m][str(T)] = counted[(m, T)]
                 r["mfu"][m][str(T)] = flops / (sec * factor) / r["matmul_rate"]["best"]
+                if bandwidth is not None and forwards:
+                    ours = models[(METHODS[m].variant or "gpt", d)] if (METHODS[m].variant or "gpt", d) in models \
+                        else build_model("gpt", size, n, dev, seed).to(weights[d])
+                    nbytes = _step_bytes(m, ours, last.get((m, T, d)), n, batch, T)
+                    r["roofline"][m][str(T)] = roofline(nbytes, flops / forwards, r["matmul_rate"]["best"], bandwidth)
         r["ratios"] = ratios(r, "seconds")
         r["cpu_ratios"] = ratios(r, "cpu_seconds")
         by_dtype[d] = r

@@ -14,7 +14,8 @@ PAPER = ("the paper reports about 25x for AO-GPT against SEDD, an encoder-only M
          "on a GPU (its Figure 5 and Finding 8.1)")
 PER_T = (("encoder/aogpt", "encoder ÷ AO-GPT"), ("encoder-est/aogpt", "encoder (est.) ÷ AO-GPT"),
          ("aogpt-nocache/aogpt", "no cache ÷ cache"), ("encoder-noskip/encoder", "no skip ÷ skip"))
-AT_N = ("aogpt/gpt", "aogpt-count/gpt", "aogpt/hf-gpt2", "aogpt-count/hf-gpt2", "gpt/hf-gpt2")
+AT_N = ("aogpt/gpt", "aogpt-count/gpt", "aogpt/hf-gpt2", "aogpt-count/hf-gpt2", "gpt/hf-gpt2",
+        "aogpt-reference/aogpt", "gpt-reference/gpt")
 
 
 def _get(result: dict[str, Any], key: str, method: str, T: int) -> float | None:
@@ -57,7 +58,10 @@ def findings(result: dict[str, Any]) -> list[str]:
             "aogpt-count/gpt": "AO-GPT (one token per step) ÷ our GPT",
             "aogpt/hf-gpt2": "AO-GPT (Bernoulli, T = n) ÷ transformers GPT-2 generate()",
             "aogpt-count/hf-gpt2": "AO-GPT (one token per step) ÷ transformers GPT-2 generate()",
-            "gpt/hf-gpt2": "our GPT ÷ transformers GPT-2 generate()"}
+            "gpt/hf-gpt2": "our GPT ÷ transformers GPT-2 generate()",
+            "aogpt-reference/aogpt": "AO-GPT (Bernoulli, T = n) on the previous decode path ÷ on the fast one "
+                                     "(the speed-up of the decode path)",
+            "gpt-reference/gpt": "our GPT on the previous decode path ÷ on the fast one (the speed-up)"}
     for name in AT_N:
         got = both("n", name)
         if got:
@@ -65,6 +69,16 @@ def findings(result: dict[str, Any]) -> list[str]:
     got = both(str(T), "aogpt-nocache/aogpt")
     if got:
         lines.append(f"- The KV cache makes AO-GPT {got} faster than recomputing every step at T = {T}.")
+    roof = result.get("roofline", {})
+    for m, name in (("gpt", "Our GPT's step"), ("aogpt", "AO-GPT's Bernoulli step")):
+        x = roof.get(m, {}).get(str(n))
+        if x:
+            wall, cpu = result["ms_per_step"][m][str(n)], result["cpu_ms_per_step"][m][str(n)]
+            limit, tight = x["limit_s"] * 1e3, x["limit_working_set_s"] * 1e3
+            lines.append(f"- {name} at T = n takes {wall / limit:.1f}x (CPU time {cpu / limit:.1f}x) its roofline "
+                         f"({limit:.2f} ms: {x['bytes']['total'] / 1e6:.1f} MB at the memory's read rate), and "
+                         f"{wall / tight:.1f}x ({cpu / tight:.1f}x) the tighter one at the rate measured for a "
+                         f"buffer of that size ({tight:.2f} ms).")
     return lines
 
 
@@ -186,8 +200,8 @@ def _one_precision(result: dict[str, Any]) -> str:
 
 
 def _per_step(result: dict[str, Any]) -> list[str]:
-    """Milliseconds per step and the model FLOPs utilisation of every contender at every T."""
-    ms, mfu = result.get("ms_per_step", {}), result.get("mfu", {})
+    """Milliseconds per step, the model FLOPs utilisation and the roofline of every contender at every T."""
+    ms, cpu, mfu = result.get("ms_per_step", {}), result.get("cpu_ms_per_step", {}), result.get("mfu", {})
     keys = [(m, T) for m in result["methods"] for T in result["steps"] + [result["n"]]
             if ms.get(m, {}).get(str(T)) is not None]
     keys = list(dict.fromkeys(keys))
@@ -197,10 +211,41 @@ def _per_step(result: dict[str, Any]) -> list[str]:
     where = (f" Utilisation: the counted matrix-product FLOPs over the time, against {rate['best'] / 1e9:.0f} "
              f"GFLOP/s, the best rate this machine measured for the model's matrix shapes in {rate['dtype']}."
              if rate else "")
-    rows = [[m, str(T), _ms(ms[m][str(T)]),
+    rows = [[m, str(T), f"{_ms(ms[m][str(T)])} / {_ms(cpu.get(m, {}).get(str(T)))}",
              "-" if mfu.get(m, {}).get(str(T)) is None else f"{100 * mfu[m][str(T)]:.1f}%"] for m, T in keys]
     return ["Per decode step (a forward pass; the estimated encoder: one timed pass)." + where, "",
-            markdown_table(["contender", "T", "ms per step", "FLOPs utilisation"], rows), ""]
+            markdown_table(["contender", "T", "ms per step (wall / CPU)", "FLOPs utilisation"], rows), "",
+            *_roofline(result, keys)]
+
+
+def _roofline(result: dict[str, Any], keys: list[tuple[str, int]]) -> list[str]:
+    """Each step against max(FLOPs / peak, bytes / bandwidth) (`aogpt.bench.roofline`)."""
+    roof, bw = result.get("roofline", {}), result.get("memory_bandwidth")
+    keys = [(m, T) for m, T in keys if roof.get(m, {}).get(str(T))]
+    if not keys or not bw:
+        return []
+    plateau = ", ".join(f"{int(k) / 2 ** 20:g} MiB {v / 1e9:.1f}" for k, v in sorted(bw["by_bytes"].items(),
+                                                                                   key=lambda kv: int(kv[0])))
+    rows = []
+    for m, T in keys:
+        x = roof[m][str(T)]
+        b = x["bytes"]
+        wall, cpu = result["ms_per_step"][m][str(T)], result["cpu_ms_per_step"][m][str(T)]
+        rows.append([m, str(T), f"{b['weights'] / 1e6:.1f} + {(b['cache_read'] + b['cache_written']) / 1e6:.1f} + "
+                     f"{b['logits'] / 1e6:.2f}", f"{x['flops'] / 1e9:.2f}", x["bound"],
+                     f"{x['limit_s'] * 1e3:.2f} / {x['limit_working_set_s'] * 1e3:.2f}",
+                     f"{wall / (x['limit_s'] * 1e3):.1f}x / {cpu / (x['limit_s'] * 1e3):.1f}x",
+                     f"{wall / (x['limit_working_set_s'] * 1e3):.1f}x / {cpu / (x['limit_working_set_s'] * 1e3):.1f}x"])
+    llc = (bw["last_level_cache_bytes"] or 0) / 2 ** 20
+    return [f"Roofline: the limit of a step is max(FLOPs ÷ {result['matmul_rate']['best'] / 1e9:.0f} GFLOP/s, bytes ÷ "
+            f"bandwidth), from one thread's read rate measured in this run: {bw['memory'] / 1e9:.1f} GB/s from memory "
+            f"(a {bw['buffer_bytes'] / 2 ** 30:g} GiB buffer, beyond the {llc:g} MiB last-level cache), and, tighter, "
+            f"the rate measured for a buffer of the step's own size (caches included; the plateau in GB/s: "
+            f"{plateau}). Bytes per step: weights + KV cache (read and written) + logits, in MB; each step's time "
+            "(wall / CPU) over its limit.", "",
+            markdown_table(["contender", "T", "MB per step", "GFLOP per step", "bound",
+                            "limit ms (memory / working set)", "÷ memory limit (wall / CPU)",
+                            "÷ working-set limit (wall / CPU)"], rows), ""]
 
 
 def _work(result: dict[str, Any], m: str, T: int) -> str:

@@ -1,9 +1,13 @@
-"""The machine's own limit: how fast it multiplies matrices of a model's shapes, measured here.
+"""The machine's own limits: how fast it multiplies matrices of a model's shapes, and how fast one
+thread reads memory, measured here.
 
-A step's distance to the limit is stated against this measured rate, not a datasheet: the matrix
+A step's distance to the limit is stated against these measured rates, not a datasheet: the matrix
 products a step must do (counted by torch's `FlopCounterMode`) take ``flops / rate`` seconds at
 best, and their share of the measured step time is the model FLOPs utilisation against the peak
-this machine reaches at these shapes, in this precision, on these threads.
+this machine reaches at these shapes, in this precision, on these threads. A decode step of a few
+rows is bound by the bytes it reads instead (`aogpt.bench.roofline`): `memory_bandwidth` streams
+buffers of several sizes, from ones that stay in the caches to one larger than the last-level
+cache, and reports the read rate of each (the plateau beyond the cache is the memory's).
 """
 
 from __future__ import annotations
@@ -48,6 +52,64 @@ def matmul_rate(shapes: Iterable[tuple[int, int, int]], dtype: torch.dtype, devi
             times.append((time.perf_counter() - start) / calls)
         rates[f"{m}x{k}x{n}"] = 2 * m * k * n / min(times)
     return {"dtype": str(dtype).removeprefix("torch."), "rates": rates, "best": max(rates.values())}
+
+
+GIB = 2 ** 30
+LADDER_MIB = (4, 16, 64, 256)  # buffer sizes read before the one beyond the last-level cache
+
+
+def last_level_cache() -> int | None:
+    """The last-level cache's size in bytes as Linux reports it (sysfs), or None."""
+    from pathlib import Path
+
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip().upper()
+        except OSError:
+            continue
+        unit = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}.get(text[-1:], 1)
+        sizes.append(int(text.rstrip("KMG") or 0) * unit)
+    return max(sizes) if sizes else None
+
+
+def memory_bandwidth(repeats: int = 3, largest: int | None = None, min_bytes: int = 1 << 30) -> dict[str, Any]:
+    """One thread's read rate (bytes/s) of float32 buffers of several sizes (`LADDER_MIB`, then one
+    twice the last-level cache and at least `min_bytes`, or `largest` bytes): the fastest of `repeats`
+    passes of a dot product over the buffer with itself (every byte read once per pass, vectorised;
+    a busy moment only ever slows a pass). ``memory`` is the rate beyond the last-level cache, the
+    roofline's bandwidth; ``by_bytes`` the whole plateau, for `rate_at`."""
+    llc = last_level_cache()
+    big = largest or max(min_bytes, 2 * (llc or 0))
+    sizes = [m * 2 ** 20 for m in LADDER_MIB if m * 2 ** 20 < big] + [big]
+    rates = {}
+    for size in sizes:
+        x = torch.ones(size // 4, dtype=torch.float32)
+        torch.dot(x, x)
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.dot(x, x)
+            best = min(best, time.perf_counter() - start)
+        rates[size] = size / best
+        del x
+    return {"by_bytes": {str(k): v for k, v in rates.items()}, "memory": rates[big], "buffer_bytes": big,
+            "last_level_cache_bytes": llc, "threads": torch.get_num_threads()}
+
+
+def rate_at(bandwidth: dict[str, Any], nbytes: float) -> float:
+    """The measured read rate for a working set of `nbytes`: interpolated (in log size) between the
+    buffers measured around it; the smallest buffer's rate below them, the largest's above."""
+    import math
+
+    points = sorted((int(k), v) for k, v in bandwidth["by_bytes"].items())
+    if nbytes <= points[0][0]:
+        return points[0][1]
+    for (a, ra), (b, rb) in zip(points, points[1:], strict=False):
+        if nbytes <= b:
+            w = (math.log(nbytes) - math.log(a)) / (math.log(b) - math.log(a))
+            return ra + w * (rb - ra)
+    return points[-1][1]
 
 
 def faster_of(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from aogpt.cli.common import add_common, config_arg, emit_json, int_arg, path_ar
 from aogpt.config import ModelConfig
 from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
-from aogpt.generation.settings import MAX_DRAFT, DecodePlan, GenerationSettings, SamplingConfig
+from aogpt.generation.settings import DECODE_PATHS, MAX_DRAFT, DecodePlan, GenerationSettings, SamplingConfig
 from aogpt.orders import is_adaptive, make_order_sampler
 from aogpt.precision import WEIGHTS, check_usable, name_of, precision_arg, to_dtype, usable_note
 
@@ -81,6 +81,9 @@ def add_parser(subparsers: Any) -> None:
                    "of this prepared data directory: a plain check that samples are made of real words")
     p.add_argument("--no-cache", action="store_true",
                    help="recompute every slot at every step instead of using the KV cache (slow; for comparison)")
+    p.add_argument("--decode-path", choices=DECODE_PATHS, default="fast",
+                   help="how a decode step is computed: fast (kernels measured on this CPU, the default) or "
+                   "reference (the previous path, for comparison); the same samples either way")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
     p.add_argument("--dtype", type=precision_arg(WEIGHTS), default="auto", metavar="P",
                    help="the model's weights for the forward passes: auto (whichever of fp32 and bf16 generates "
@@ -162,6 +165,8 @@ def _describe(s: dict[str, Any], weights: str) -> str:
               "greedy" if s["greedy"] else f"temperature {s['temperature']:g}, top-p {s['top_p']:g}, "
               f"top-k {s['top_k']}", f"seed {s['seed']}", f"{weights} weights",
               "KV cache" if s["use_cache"] else "no cache"]
+    if s.get("decode_path") == "reference":
+        parts.append("the previous decode path")
     return "settings: " + ", ".join(parts)
 
 
@@ -249,7 +254,8 @@ def settings_from_args(args: argparse.Namespace) -> GenerationSettings:
                               dtype=torch.float32 if args.float32_sampling else torch.float64)
     plan = DecodePlan(steps=args.steps, policy=args.policy, schedule=args.schedule, order=_order(args.order),
                       speculative=args.speculative, candidates=args.candidates, threshold=args.threshold)
-    return GenerationSettings(sampling, plan, batch_size=args.batch_size, use_cache=not args.no_cache).validate()
+    return GenerationSettings(sampling, plan, batch_size=args.batch_size, use_cache=not args.no_cache,
+                              decode_path=args.decode_path).validate()
 
 
 def run(args: argparse.Namespace) -> int:

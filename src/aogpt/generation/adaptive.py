@@ -46,7 +46,8 @@ import torch
 
 from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
-from aogpt.kv_cache import PackedSlots, additive, step_mask
+from aogpt.generation.streams import SequenceStreams
+from aogpt.kv_cache import ragged_layout, sequence_major, step_rows
 from aogpt.orders import ADAPTIVE
 from aogpt.sampling import SamplingConfig, sample_tokens
 
@@ -94,13 +95,13 @@ class AdaptiveSteps:
     is chosen, how many positions each step revealed, the candidates of a step and the choice."""
 
     def __init__(self, chain: torch.Tensor, m: int, plan: np.ndarray, settings: GenerationSettings,
-                 generator: torch.Generator | None, teacher: torch.Tensor | None, record: bool, vocab: int,
+                 streams: SequenceStreams, teacher: torch.Tensor | None, record: bool, vocab: int,
                  dtype: torch.dtype):
         B, n = chain.shape
         self.B, self.n, self.plan = B, n, plan
         self.policy = settings.plan.order
         self.budget, self.threshold = settings.plan.candidates, settings.plan.threshold
-        self.generator = generator
+        self.streams = streams
         self.order = chain.cpu().numpy().copy()  # known positions first; the rest is filled in as chosen
         self.remaining = np.ones((B, n), dtype=bool)
         np.put_along_axis(self.remaining, self.order[:, :m], False, axis=1)
@@ -131,14 +132,14 @@ class AdaptiveSteps:
         rem = self.remaining[active]
         if self.budget is None:
             return [np.flatnonzero(r) for r in rem]
-        keys = torch.rand(rem.shape, generator=self.generator, dtype=torch.float64).numpy()
+        keys = self.streams.uniforms(np.repeat(active, rem.shape[1]), "plan").reshape(rem.shape)
         keys[~rem] = 2.0  # never drawn
         first = np.argsort(keys, axis=1, kind="stable")
         sizes = np.minimum(rem.sum(axis=1), np.maximum(self.budget, k[active]))
         return [np.sort(first[i, :s]) for i, s in enumerate(sizes)]
 
     def decide(self, logits: torch.Tensor, active: np.ndarray, cands: list[np.ndarray], k: np.ndarray,
-               cfg: SamplingConfig, gen: torch.Generator | None) -> tuple[torch.Tensor, list[np.ndarray]]:
+               cfg: SamplingConfig) -> tuple[torch.Tensor, list[np.ndarray]]:
         """Score the candidates (their logits, flat in `cands` order), choose, draw the tokens and extend
         the chains. Returns the drawn tokens (flat, sequences in turn, best first) and, per active
         sequence, the indices (into its candidates) of the positions it revealed, best first."""
@@ -163,7 +164,8 @@ class AdaptiveSteps:
             new = self.teacher[torch.from_numpy(b_of).to(self.teacher.device),
                                torch.from_numpy(pos_of).to(self.teacher.device)]
         else:
-            new = sample_tokens(chosen, cfg, gen)
+            u = None if cfg.greedy else self.streams.token_uniforms(b_of, cfg.dtype, chosen.device)
+            new = sample_tokens(chosen, cfg, uniforms=u)
         at = np.concatenate([self.g[b] + np.arange(taken[a]) for a, b in enumerate(active)])
         if self.logits is not None:
             self.logits[torch.from_numpy(b_of).to(chosen.device), torch.from_numpy(at).to(chosen.device)] = chosen
@@ -188,9 +190,10 @@ class AdaptiveSampler:
     steps: AdaptiveSteps
     dev: torch.device
 
-    def run(self, cfg: SamplingConfig, gen: torch.Generator | None,
+    def run(self, cfg: SamplingConfig, streams: SequenceStreams,
             progress: Callable[[int], None] | None) -> torch.Tensor:
-        """Decode every step; returns the tokens in the chosen chain order (B, n)."""
+        """Decode every step; returns the tokens in the chosen chain order (B, n). Token draws and
+        candidate subsets come from each sequence's own streams (given at construction)."""
         st = self.steps
         for t in range(st.plan.shape[1]):
             active, k = st.planned(t)
@@ -198,7 +201,7 @@ class AdaptiveSampler:
                 continue
             cands = st.candidates(active, k)
             logits = self._forward(active, cands)
-            new, picks = st.decide(logits, active, cands, k, cfg, gen)
+            new, picks = st.decide(logits, active, cands, k, cfg)
             self._commit(active, cands, picks, new)
             revealed = st.advance(t, active, picks)
             if progress is not None:
@@ -252,20 +255,21 @@ class AdaptiveDecoderSampler(AdaptiveSampler):
     cache (module docstring)."""
 
     def __init__(self, model: torch.nn.Module, chain: torch.Tensor, known: torch.Tensor, plan: np.ndarray,
-                 settings: GenerationSettings, generator: torch.Generator | None = None,
+                 settings: GenerationSettings, streams: SequenceStreams,
                  teacher: torch.Tensor | None = None, record: bool = False):
         B, n = chain.shape
         dev = chain.device
         m = known.numel()
         self.model, self.B, self.n, self.dev = model, B, n, dev
         self.dtype = next(model.parameters()).dtype
-        self.steps = AdaptiveSteps(chain, m, plan, settings, generator, teacher, record, model.config.vocab_size,
+        self.steps = AdaptiveSteps(chain, m, plan, settings, streams, teacher, record, model.config.vocab_size,
                                    self.dtype)
         self.ychain = torch.full((B, n + 2), -1, dtype=torch.long, device=dev)  # content of chain slot i
         self.ychain[:, 1:m + 1] = known
         self.use_cache = settings.use_cache
         self.cache = model.setup_cache(B, n + 1, settings.attention)  # without reuse: every slot recomputed
         self.L = np.zeros(B, dtype=np.int64)  # chain slots whose keys are cached
+        self.layout = ragged_layout(model, "padded")  # the fast path's (measured); the reference path: padded
 
     def _tokens(self) -> torch.Tensor:
         return self.ychain[:, 1:self.n + 1]
@@ -289,29 +293,24 @@ class AdaptiveDecoderSampler(AdaptiveSampler):
         n_cand = np.array([len(c) for c in cands])
         sizes[active] = g[active] - L[active] + n_cand
         R, W = int(sizes.sum()), int(sizes.max())
-        b = np.repeat(np.arange(B), sizes)
-        s = np.arange(R) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-        col = L[b] + s
+        # the rows in the decode path's layout (packed; in attention bucketed by width, or padded)
+        b, col, where, mask = step_rows(self.layout, sizes, L, g, self.cache.k.dtype, self.dev)
         content = np.minimum(col, g[b])  # a query holds the pending slot's content
         query = col >= g[b]
         slot_pos = np.concatenate([np.zeros((B, 1), dtype=np.int64), st.order + 1], axis=1)
-        target = np.empty(R, dtype=np.int64)
-        target[~query] = st.order[b[~query], col[~query]]
-        target[query] = np.concatenate(cands)
-        span = int(col.max()) + 1
-        pad_cols = L[:, None] + np.arange(W)
-        real = np.arange(W) < sizes[:, None]
-        a = torch.arange(span, device=self.dev)
-        mask = step_mask(self._t(pad_cols), self._t(g)[:, None], span) | self._t(~real)[..., None].bool() & (a == 0)
-        b_t, col_t = self._t(b), self._t(col)
-        where = PackedSlots(b_t, col_t, self._t(b * W + s), W)
+        candidate = np.zeros((B, int(n_cand.max())), dtype=np.int64)
+        for a, c in zip(active, cands, strict=True):
+            candidate[a, :len(c)] = c
+        target = np.where(query, candidate[b, np.where(query, col - g[b], 0)], st.order[b, np.minimum(col, n - 1)])
+        order = sequence_major(b, col)
+        rows = np.flatnonzero(query) if order is None else order[query[order]]  # candidates in `cands` order
         tokens = self.ychain.view(-1)[self._t(b * (n + 2) + content)][None]
         logits = self.model.forward_slots(tokens, self._t(slot_pos[b, content])[None], self._t(target)[None],
-                                          attn_mask=additive(mask[:, None], self.dtype), cache=self.cache,
-                                          cache_pos=where, select=self._t(np.flatnonzero(query))[None])
+                                          attn_mask=mask, cache=self.cache, cache_pos=where,
+                                          select=self._t(rows)[None])
         st.forwards += 1
         st.slots += R
-        st.padded += B * W - R
+        st.padded += B * W - R if self.layout == "padded" else 0
         return logits[0]
 
     def _commit(self, active: np.ndarray, cands: list[np.ndarray], picks: list[np.ndarray],

@@ -47,7 +47,8 @@ import torch
 
 from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
-from aogpt.kv_cache import RaggedSlots, additive, ragged_rows, step_mask
+from aogpt.generation.streams import SequenceStreams
+from aogpt.kv_cache import PackedSlots, RaggedSlots, additive, ragged_layout, ragged_steps, step_mask, step_rows
 from aogpt.sampling import SamplingConfig, sample_tokens
 
 
@@ -76,14 +77,16 @@ class Step:
     rows: int
     padded: int
     pick: torch.Tensor | None = None  # which of the selected rows are real (padded layout only)
+    draws: np.ndarray | None = None  # the sequence of each revealed token, in the order they are drawn
 
 
 class _Planner:
     """Turns per-step counts into `Step`s, tracking each sequence's decided (g) and cached (L) slots."""
 
     def __init__(self, B: int, n: int, m: int, use_cache: bool, pos: torch.Tensor, tgt: torch.Tensor,
-                 dtype: torch.dtype, static: bool = False):
+                 dtype: torch.dtype, static: bool = False, layout: str = "buckets"):
         self.B, self.n, self.use_cache, self.pos, self.tgt, self.dtype = B, n, use_cache, pos, tgt, dtype
+        self.layout = layout
         self.static = static and use_cache
         self.dev = pos.device
         self.L = np.zeros(B, dtype=np.int64)
@@ -92,16 +95,64 @@ class _Planner:
     def _t(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.dev)
 
-    def step(self, k: np.ndarray) -> Step:
-        L = self.L if self.use_cache else np.zeros_like(self.L)
-        same = (k == k[0]).all() and (L == L[0]).all() and (self.g == self.g[0]).all()
-        if same:
-            out = self._uniform(int(k[0]), int(L[0]), int(self.g[0]))
-        else:
-            out = self._packed(k, L) if self.use_cache else self._padded(k)
-        if self.use_cache:
-            self.L[k > 0] = self.g[k > 0] + 1
-        self.g += k
+    def plan(self, counts: np.ndarray) -> list[Step]:
+        """The `Step` of every step of `counts` (B, T) that reveals something. Uniform steps are built
+        one by one; the ragged steps' index arithmetic (bucketed layout) is done for all of them at
+        once (`aogpt.kv_cache.ragged_steps`)."""
+        steps: list[Step | None] = []
+        ragged: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
+        for i in range(counts.shape[1]):
+            k = counts[:, i]
+            if not k.any():
+                continue
+            L = self.L.copy() if self.use_cache else np.zeros_like(self.L)
+            if (k == k[0]).all() and (L == L[0]).all() and (self.g == self.g[0]).all():
+                steps.append(self._uniform(int(k[0]), int(L[0]), int(self.g[0])))
+            elif not self.use_cache:
+                steps.append(self._padded(k))
+            elif self.layout == "buckets":
+                ragged.append((len(steps), k, L, self.g.copy()))
+                steps.append(None)
+            else:
+                steps.append(self._packed(k, L))
+            if self.use_cache:
+                self.L[k > 0] = self.g[k > 0] + 1
+            self.g += k
+        if ragged:
+            _, k, L, g = (np.stack(a) for a in zip(*ragged, strict=True))
+            for (i, *_), step in zip(ragged, self._bucketed(k, L, g), strict=True):
+                steps[i] = step
+        return steps
+
+    def _bucketed(self, k: np.ndarray, L: np.ndarray, g: np.ndarray) -> list[Step]:
+        """Ragged steps (T', B) in the bucketed packed layout, planned together (`_packed`, vectorised)."""
+        n, T = self.n, k.shape[0]
+        sizes = np.where(k > 0, g - L + k, 0)
+        layouts = ragged_steps(sizes, L, g, self.dtype, self.dev)
+        b = np.concatenate([x[0] for x in layouts])
+        col = np.concatenate([x[1] for x in layouts])
+        R = sizes.sum(axis=1)
+        step_of = np.repeat(np.arange(T), R)
+        g_row = g[step_of, b]
+        content = np.minimum(col, g_row)
+        query = col >= g_row
+        pos, tgt = self.pos.cpu().numpy(), self.tgt.cpu().numpy()
+        gather = self._t(b * (n + 2) + content)
+        pos_t, tgt_t = self._t(pos[b, content]), self._t(tgt[b, col])
+        first_row = np.cumsum(R) - R
+        qrows = np.flatnonzero(query)
+        qstep = step_of[qrows]
+        select = self._t(qrows - first_row[qstep])
+        qb, qcol = b[qrows], col[qrows]
+        dest, chain_at = self._t(qb * (n + 2) + qcol + 1), self._t(qb * n + qcol)
+        Q = np.bincount(qstep, minlength=T)
+        qfirst = np.cumsum(Q) - Q
+        out = []
+        for t in range(T):
+            r0, r1, q0, q1 = int(first_row[t]), int(first_row[t] + R[t]), int(qfirst[t]), int(qfirst[t] + Q[t])
+            out.append(Step(gather[r0:r1][None], pos_t[r0:r1][None], tgt_t[r0:r1][None], layouts[t][2], None,
+                            select[q0:q1][None], dest[q0:q1], chain_at[q0:q1], int(Q[t]), int(R[t]), 0,
+                            draws=qb[q0:q1]))
         return out
 
     def _uniform(self, k: int, L: int, g: int) -> Step:
@@ -123,21 +174,21 @@ class _Planner:
         return Step(self._t(b * (n + 2) + content), self.pos[:, self._t(content)], self.tgt[:, cols_t], where, mask,
                     select,
                     self._t(b * (n + 2) + query + 1).reshape(-1), self._t(b * n + query).reshape(-1),
-                    B * k, B * S, 0)
+                    B * k, B * S, 0, draws=np.repeat(np.arange(B), k))
 
     def _packed(self, k: np.ndarray, L: np.ndarray) -> Step:
         """Ragged counts: the real rows of all sequences in one row dimension, bucketed by width for
         attention (`aogpt.kv_cache.ragged_rows`): no padding anywhere."""
         n, g = self.n, self.g
         sizes = np.where(k > 0, g - L + k, 0)
-        b, col, where = ragged_rows(sizes, L, g, self.dtype, self.dev)
+        b, col, where, mask = step_rows(self.layout, sizes, L, g, self.dtype, self.dev)
         content = np.minimum(col, g[b])
         query = col >= g[b]
         b_t, col_t = self._t(b), self._t(col)
         qb, qcol = b[query], col[query]
         return Step(self._t(b * (n + 2) + content)[None], self.pos[b_t, self._t(content)][None],
-                    self.tgt[b_t, col_t][None], where, None, self._t(np.nonzero(query)[0])[None],
-                    self._t(qb * (n + 2) + qcol + 1), self._t(qb * n + qcol), int(query.sum()), len(b), 0)
+                    self.tgt[b_t, col_t][None], where, mask, self._t(np.nonzero(query)[0])[None],
+                    self._t(qb * (n + 2) + qcol + 1), self._t(qb * n + qcol), int(query.sum()), len(b), 0, draws=qb)
 
     def _padded(self, k: np.ndarray) -> Step:
         """Ragged counts without a cache: every decided slot recomputed, sequences padded to (B, W)."""
@@ -157,17 +208,17 @@ class _Planner:
         return Step(self._t(b * (n + 2) + content), self.pos.gather(1, self._t(content)),
                     self.tgt.gather(1, cols_t), 0, mask, self._t(select), self._t(qb * (n + 2) + qcol + 1),
                     self._t(qb * n + qcol), len(qb), int(sizes.sum()), B * W - int(sizes.sum()),
-                    self._t(qb * Q + qj))
+                    self._t(qb * Q + qj), draws=qb)
 
 
 def plan_steps(counts: np.ndarray, m: int, use_cache: bool, pos: torch.Tensor, tgt: torch.Tensor,
-               dtype: torch.dtype = torch.float32, static: bool = False) -> list[Step]:
+               dtype: torch.dtype = torch.float32, static: bool = False, layout: str = "buckets") -> list[Step]:
     """Every forward of a batch decoded with `counts` (B, T) revealed per step, `m` known tokens first
     (attention masks in `dtype`). Steps that reveal nothing run no forward (pending catch-ups wait).
-    `static`: uniform steps get shapes that do not grow with the cache (for a compiled step)."""
+    `static`: uniform steps get shapes that do not grow with the cache (for a compiled step).
+    `layout`: how a ragged step's attention runs (`aogpt.kv_cache.LAYOUTS`)."""
     B, n = pos.shape[0], pos.shape[1] - 1
-    planner = _Planner(B, n, m, use_cache, pos, tgt, dtype, static)
-    return [planner.step(counts[:, i]) for i in range(counts.shape[1]) if counts[:, i].any()]
+    return _Planner(B, n, m, use_cache, pos, tgt, dtype, static, layout).plan(counts)
 
 
 def compiled(fn: Callable, how: bool | str, device: torch.device, dynamic: bool = True) -> Callable:
@@ -205,7 +256,7 @@ class DecoderSampler:
         static = bool(settings.compile) and use_cache
         self.cache = model.setup_cache(B, n + 1, settings.attention) if use_cache else None
         mask_dtype = self.cache.k.dtype if use_cache else next(model.parameters()).dtype  # what attention runs in
-        self.steps = plan_steps(plan, m, use_cache, pos, tgt, mask_dtype, static)
+        self.steps = plan_steps(plan, m, use_cache, pos, tgt, mask_dtype, static, ragged_layout(model))
         # compiled: the uniform steps, whose shapes are fixed (`static`: full-cache masks, columns as
         # tensors); ragged Lemma 4.1 steps change shape every step and run eagerly
         self.forward = compiled(model.forward_slots, settings.compile, dev, dynamic=not static)
@@ -224,11 +275,22 @@ class DecoderSampler:
         y = self.ychain[:, 1:self.n + 1]
         return scatter_by_position(self.chain, y, y >= 0)
 
-    def run(self, cfg: SamplingConfig, gen: torch.Generator | None,
+    def _uniforms(self, cfg: SamplingConfig, streams: SequenceStreams) -> list[torch.Tensor | None]:
+        """Every step's token uniforms, drawn before the loop from each sequence's own stream (the
+        plan says which sequence each drawn token belongs to, in chain order within a sequence)."""
+        if self.teacher is not None or cfg.greedy:
+            return [None] * len(self.steps)
+        sizes = [len(s.draws) for s in self.steps]
+        u = streams.uniforms(np.concatenate([s.draws for s in self.steps]) if sizes else np.empty(0, np.int64),
+                             "tokens", cfg.dtype, self.chain.device)
+        return list(u.reshape(-1, 1).split(sizes))
+
+    def run(self, cfg: SamplingConfig, streams: SequenceStreams,
             progress: Callable[[int], None] | None) -> torch.Tensor:
         flat = self.ychain.view(-1)
-        for step in self.steps:
-            forward = self.eager if isinstance(step.cache_pos, RaggedSlots) else self.forward
+        draws = self._uniforms(cfg, streams)
+        for step, u in zip(self.steps, draws, strict=True):
+            forward = self.eager if isinstance(step.cache_pos, (RaggedSlots, PackedSlots)) else self.forward
             logits = forward(flat[step.gather], step.pos, step.target, attn_mask=step.mask,
                                               cache=self.cache, cache_pos=step.cache_pos, select=step.select,
                                               conditions=self.conditions)
@@ -238,7 +300,7 @@ class DecoderSampler:
             if self.teacher is not None:
                 new = self.teacher[step.chain_at]
             else:
-                new = sample_tokens(logits, cfg, gen)
+                new = sample_tokens(logits, cfg, uniforms=u)
             flat[step.dest] = new
             if self.logits is not None:
                 self.logits.view(-1, self.logits.shape[-1])[step.chain_at] = logits

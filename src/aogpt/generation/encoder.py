@@ -15,6 +15,7 @@ from torch import nn
 
 from aogpt.families.encoder import check_encoder, positions
 from aogpt.generation.adaptive import AdaptiveSampler, AdaptiveSteps
+from aogpt.generation.streams import SequenceStreams
 from aogpt.sampling import SamplingConfig, sample_tokens
 
 __all__ = ["AdaptiveEncoderSampler", "EncoderSampler"]
@@ -59,7 +60,7 @@ class EncoderSampler:
         self.slots = 0
         self.padded = 0
 
-    def run(self, cfg: SamplingConfig, gen: torch.Generator | None,
+    def run(self, cfg: SamplingConfig, streams: SequenceStreams,
             progress: Callable[[int], None] | None) -> torch.Tensor:
         """Decode every planned step; returns the tokens in chain order (B, n)."""
         for t in range(self.plan.shape[1]):
@@ -69,7 +70,7 @@ class EncoderSampler:
                     self.model.forward_slots(self.x, self.pos, select=self.pos[:, :1] - 1)
                     self._count(np.zeros_like(k))
                 continue
-            self._step(k, cfg, gen)
+            self._step(k, cfg, streams)
             if progress is not None:
                 progress(int(k.sum()))
         return self.x.gather(1, self.chain)
@@ -83,7 +84,7 @@ class EncoderSampler:
         self.slots += self.B * self.n
         self.padded += int((k == 0).sum()) * self.n  # rows that revealed nothing this forward
 
-    def _step(self, k: np.ndarray, cfg: SamplingConfig, gen: torch.Generator | None) -> None:
+    def _step(self, k: np.ndarray, cfg: SamplingConfig, streams: SequenceStreams) -> None:
         dev, n = self.x.device, self.n
         R = int(k.max())
         j = np.arange(R)
@@ -96,7 +97,10 @@ class EncoderSampler:
         bi_t, ji_t = torch.from_numpy(bi).to(dev), torch.from_numpy(ji).to(dev)
         col_t = cols_t[bi_t, ji_t]
         rows = logits[bi_t, ji_t]
-        new = self.teacher[bi_t, col_t] if self.teacher is not None else sample_tokens(rows, cfg, gen)
+        if self.teacher is not None:
+            new = self.teacher[bi_t, col_t]
+        else:  # each sequence's tokens in chain order, from its own stream
+            new = sample_tokens(rows, cfg, uniforms=None if cfg.greedy else streams.token_uniforms(bi, cfg.dtype, dev))
         self.x[bi_t, where[bi_t, ji_t]] = new
         if self.logits is not None:
             self.logits[bi_t, col_t] = rows
@@ -111,13 +115,13 @@ class AdaptiveEncoderSampler(AdaptiveSampler):
     sit its forward out."""
 
     def __init__(self, model: nn.Module, chain: torch.Tensor, known: torch.Tensor, plan: np.ndarray, settings,
-                 generator: torch.Generator | None, teacher: torch.Tensor | None, record: bool):
+                 streams: SequenceStreams, teacher: torch.Tensor | None, record: bool):
         check_encoder(model)
         B, n = chain.shape
         dev = chain.device
         m = known.numel()
         self.model, self.n, self.dev = model, n, dev
-        self.steps = AdaptiveSteps(chain, m, plan, settings, generator, teacher, record, model.config.vocab_size,
+        self.steps = AdaptiveSteps(chain, m, plan, settings, streams, teacher, record, model.config.vocab_size,
                                    next(model.parameters()).dtype)
         self.x = torch.full((B, n), -1, dtype=torch.long, device=dev)
         if m:

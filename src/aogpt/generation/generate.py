@@ -28,13 +28,13 @@ from aogpt.generation.plan import base_orders, chain_orders, resolve_order, step
 from aogpt.generation.reveal import Revealed, watch
 from aogpt.generation.samplers import adaptive_sampler, fixed_order_sampler, speculative_sampler
 from aogpt.generation.settings import DecodePlan, GenerationSettings, settings_from
+from aogpt.generation.streams import SequenceStreams
 from aogpt.inference import for_inference
 from aogpt.memory import check_fits, generation_bytes
 from aogpt.orders import is_adaptive
 from aogpt.schedules import count_schedule
 
-__all__ = ["Conditioning", "DecodePlan", "GenerationResult", "GenerationSettings", "generate", "infill",
-           "make_generators"]
+__all__ = ["Conditioning", "DecodePlan", "GenerationResult", "GenerationSettings", "generate", "infill"]
 
 
 @dataclass
@@ -55,22 +55,6 @@ class GenerationResult:
     timing: dict[str, float] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
     logits: torch.Tensor | None = None
-
-
-@dataclass
-class Generators:
-    """Random streams: `tokens` (the model's device) draws tokens, `plan` (CPU) orders and counts."""
-
-    seed: int
-    tokens: torch.Generator
-    plan: torch.Generator
-
-
-def make_generators(seed: int, device: torch.device | str) -> Generators:
-    """The generators `generate(seed=...)` uses: tokens from `seed` on the device, plans from seed + 1."""
-    tok = torch.Generator(device=device).manual_seed(seed)
-    plan = torch.Generator().manual_seed(seed + 1)
-    return Generators(seed, tok, plan)
 
 
 def _check_model(model: Any) -> torch.nn.Module:
@@ -100,8 +84,7 @@ class _Request:
     order: Any  # resolved fixed order (`resolve_order`); for an adaptive order "l2r" (known positions first)
     adaptive: bool
     speculative: int | str | None  # draft length K or "auto" (`aogpt.generation.speculative`); None: off
-    seed: int
-    generators: Generators
+    seed: int  # sequence i of the call draws from its own streams, keyed by (seed, i): `aogpt.generation.streams`
     teacher_tokens: torch.Tensor | None
     record_logits: bool
     on_step: Callable[[Revealed], None] | None = None
@@ -144,7 +127,9 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
     batch_size (default 32), use_cache, prepack (CPU: decode weights packed once, `aogpt.inference`),
     attention (the decode attention kernel, `aogpt.attention.KERNELS`; default auto), compile
     (torch.compile the decode step), skip_noop (an encoder skips the forward of steps that reveal
-    nothing, docs/encoder.md).
+    nothing, docs/encoder.md), decode_path ("fast", the default: `aogpt.decode`; "reference": the
+    previous path). Sample i draws from its own random streams keyed by (seed, i)
+    (`aogpt.generation.streams`): the batch size, the cache and the decode path do not change it.
     prompt: a prefix (text, needs `tokenizer`, or ids). teacher_tokens (N, n): feed these back instead
     of sampling (tests); record_logits keeps every query's logits. on_step: called after every step
     with the positions it revealed (`aogpt.generation.reveal.Revealed`). See docs/generation.md.
@@ -215,16 +200,15 @@ def _resolve(model: torch.nn.Module, settings: GenerationSettings | None, overri
     known_chain = condition.tokens[condition.positions.argsort()].to(device)
     return _Request(model, fam, settings, sampling, num_samples, batch_size, n,
                     known_mask, known_chain, steps, policy, order_arg, order, adaptive, speculative, int(seed),
-                    make_generators(int(seed), device), teacher_tokens, record_logits)
+                    teacher_tokens, record_logits)
 
 
 def _run(req: _Request, progress: Callable[[int], None] | None) -> tuple[list[_Batch], float]:
     """Decode every batch in inference mode (the model's training flag restored after); the batches
     and the seconds taken."""
     model = req.model
-    # oneDNN's pre-packed weights are opaque to inductor: a compiled step runs the plain linear layers
-    prepack = req.settings.prepack and not req.settings.compile
-    runner = for_inference(model, rows_hint=req.batch_size) if prepack else model
+    runner = for_inference(model, rows_hint=req.batch_size, path=decode_path(req.settings)) \
+        if req.settings.prepack and not req.settings.compile else model
     device = next(model.parameters()).device
     batches = []
     was_training = model.training
@@ -242,6 +226,13 @@ def _run(req: _Request, progress: Callable[[int], None] | None) -> tuple[list[_B
     return batches, time.perf_counter() - t0
 
 
+def decode_path(settings: GenerationSettings) -> str:
+    """The decode path a generation runs on: the setting's, except that FlexAttention (fast only
+    compiled) and a compiled step take the reference path (oneDNN's pre-packed weights are opaque to
+    inductor: a compiled step runs the model's plain linear layers, which `prepack` leaves unpacked)."""
+    return "reference" if settings.compile or settings.attention == "flex" else settings.decode_path
+
+
 def _run_batch(req: _Request, runner: torch.nn.Module, start: int, B: int,
                progress: Callable[[int], None] | None) -> _Batch:
     """Plan batch [start, start + B) (chain orders and step counts, drawn from the plan stream) and
@@ -249,25 +240,26 @@ def _run_batch(req: _Request, runner: torch.nn.Module, start: int, B: int,
     the orders and step counts it used; a fixed order's chain is the plan's; a speculative sampler
     reports how many positions each of its forwards committed."""
     fam, n = req.family, req.length
-    chain = chain_orders(base_orders(req.order, start, B, n, req.generators.plan), req.known_mask)
+    streams = SequenceStreams(req.seed, start, B)
+    chain = chain_orders(base_orders(req.order, start, B, n, streams), req.known_mask)
     if req.speculative is not None:
         chain_d = chain.to(req.known_chain.device)
         sampler = speculative_sampler(fam, runner, chain_d, req.known_chain, req.settings, req.speculative)
-        y = sampler.run(req.sampling, req.generators.tokens, watch(sampler, start, req.on_step, progress))
+        y = sampler.run(req.sampling, streams, watch(sampler, start, req.on_step, progress))
         return _Batch(torch.empty_like(y).scatter_(1, chain_d, y).cpu(), chain,
                       torch.from_numpy(np.stack(sampler.revealed, axis=1)), None, sampler.forwards, sampler.slots,
                       sampler.padded, (list(sampler.proposed), list(sampler.accepted)))
-    plan = step_counts(req.policy, req.settings.plan.schedule, req.steps, req.masked, B, req.generators.plan)
+    plan = step_counts(req.policy, req.settings.plan.schedule, req.steps, req.masked, B, streams)
     chain_d = chain.to(req.known_chain.device)
     teacher = None if req.teacher_tokens is None else req.teacher_tokens[start:start + B]
     if req.adaptive:  # teacher tokens by position
         sampler = adaptive_sampler(fam, runner, chain_d, req.known_chain, plan, req.settings,
-                                       generator=req.generators.plan, teacher=teacher, record=req.record_logits)
+                                   streams=streams, teacher=teacher, record=req.record_logits)
     else:  # teacher tokens in chain order
         sampler = fixed_order_sampler(fam, runner, chain_d, req.known_chain, plan, req.settings,
                               teacher=None if teacher is None else teacher.gather(1, chain_d),
                               record=req.record_logits)
-    y = sampler.run(req.sampling, req.generators.tokens, watch(sampler, start, req.on_step, progress))
+    y = sampler.run(req.sampling, streams, watch(sampler, start, req.on_step, progress))
     if req.adaptive:
         chain_d, plan = sampler.chain, sampler.step_counts
     return _Batch(torch.empty_like(y).scatter_(1, chain_d, y).cpu(), chain_d.cpu(), torch.from_numpy(plan),
@@ -289,6 +281,7 @@ def _assemble(req: _Request, batches: list[_Batch], seconds: float) -> Generatio
               "speculative": req.speculative, "schedule": plan_cfg.schedule, "order": _order_label(req.order_arg),
               **({"candidates": plan_cfg.candidates, "threshold": plan_cfg.threshold} if req.adaptive else {}),
               "seed": req.seed, "use_cache": req.settings.use_cache and req.family.kv_cache,
+              "decode_path": decode_path(req.settings),
               "batch_size": req.batch_size, "variant": req.model.config.variant, **req.sampling.to_dict()}
     logits = [b.logits for b in batches if b.logits is not None]
     width = max(b.step_counts.shape[1] for b in batches)  # speculative batches may take different forwards

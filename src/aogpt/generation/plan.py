@@ -10,8 +10,9 @@ drawn before the model runs (docs/design.md, "Sampling the reverse process"):
   same deterministic counts for every sequence (``count``), or per-sequence Binomial counts
   (``bernoulli``: every still-masked position fires with probability (t - s) / t).
 
-Orders and counts come from the plan generator (CPU), tokens from another stream, so a seed gives
-the same plan on every device.
+Orders and counts come from each sequence's own ``order`` and ``plan`` streams
+(`aogpt.generation.streams`), tokens from its ``tokens`` stream, so a seed gives every sequence
+the same plan on every device, in every batch size and on every decode path.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from aogpt.generation.streams import SequenceStreams
 from aogpt.orders import OrderSampler, check_permutation, make_order_sampler
 from aogpt.schedules import bernoulli_counts, count_schedule, unmask_probabilities
 
@@ -33,11 +35,12 @@ def resolve_order(order: Any, num_samples: int, n: int) -> OrderSampler | torch.
 
 
 def base_orders(order: OrderSampler | torch.Tensor, start: int, batch: int, n: int,
-                generator: torch.Generator) -> torch.Tensor:
-    """The unmasking orders (batch, n) of sequences start .. start + batch - 1 (CPU)."""
+                streams: SequenceStreams) -> torch.Tensor:
+    """The unmasking orders (batch, n) of sequences start .. start + batch - 1 (CPU), each drawn
+    from its own ``order`` stream."""
     if isinstance(order, torch.Tensor):
         return order[start:start + batch]
-    return order.sample(batch, n, "cpu", generator)
+    return torch.cat([order.sample(1, n, "cpu", streams.generator(b)) for b in range(batch)])
 
 
 def chain_orders(base: torch.Tensor, known_mask: torch.Tensor) -> torch.Tensor:
@@ -49,14 +52,14 @@ def chain_orders(base: torch.Tensor, known_mask: torch.Tensor) -> torch.Tensor:
 
 
 def step_counts(policy: str, schedule: str, steps: int, masked: int, batch: int,
-                generator: torch.Generator) -> np.ndarray:
-    """(batch, T) positions revealed per step (module docstring)."""
+                streams: SequenceStreams) -> np.ndarray:
+    """(batch, T) positions revealed per step (module docstring); Bernoulli draws from each
+    sequence's ``plan`` stream."""
     if policy == "count":
         return np.tile(np.asarray(count_schedule(masked, steps, schedule), dtype=np.int64), (batch, 1))
-    left = torch.full((batch,), masked, dtype=torch.long)
-    out = []
-    for p in unmask_probabilities(steps, schedule):
-        k = bernoulli_counts(left, p, generator)
-        out.append(k)
-        left = left - k
-    return torch.stack(out, dim=1).numpy()
+    left = np.full(batch, masked, dtype=np.int64)
+    out = np.zeros((batch, steps), dtype=np.int64)
+    for t, p in enumerate(unmask_probabilities(steps, schedule)):
+        out[:, t] = bernoulli_counts(left, p, lambda seqs: streams.uniforms(seqs, "plan"))
+        left -= out[:, t]
+    return out

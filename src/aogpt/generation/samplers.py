@@ -23,6 +23,7 @@ from aogpt.generation.decoder import DecoderSampler
 from aogpt.generation.encoder import AdaptiveEncoderSampler, EncoderSampler
 from aogpt.generation.settings import GenerationSettings
 from aogpt.generation.speculative import SpeculativeSampler
+from aogpt.generation.streams import SequenceStreams
 
 
 def fixed_order_sampler(family: ModelFamily, model: nn.Module, chain: torch.Tensor, known: torch.Tensor,
@@ -38,15 +39,16 @@ def fixed_order_sampler(family: ModelFamily, model: nn.Module, chain: torch.Tens
 
 
 def adaptive_sampler(family: ModelFamily, model: nn.Module, chain: torch.Tensor, known: torch.Tensor,
-                     plan: np.ndarray, settings: GenerationSettings, *, generator: torch.Generator | None = None,
+                     plan: np.ndarray, settings: GenerationSettings, *, streams: SequenceStreams,
                      teacher: torch.Tensor | None = None, record: bool = False) -> Any:
     """The sampler that decodes one batch in an adaptive order (`settings.plan.order`, one of
     `aogpt.orders.ADAPTIVE`): chain (B, n) starts with the known positions, the rest is chosen while
-    decoding; plan (B, T) gives how many positions each step reveals at least; generator draws
-    candidate subsets; teacher (B, n) holds tokens by position. After `run`, the sampler's `chain`
-    holds the chosen orders and `step_counts` what each step revealed."""
+    decoding; plan (B, T) gives how many positions each step reveals at least; streams (each
+    sequence's own, `aogpt.generation.streams`) draw candidate subsets and tokens; teacher (B, n)
+    holds tokens by position. After `run`, the sampler's `chain` holds the chosen orders and
+    `step_counts` what each step revealed."""
     cls = AdaptiveDecoderSampler if family.causal else AdaptiveEncoderSampler
-    return cls(model, chain, known, plan, settings, generator, teacher, record)
+    return cls(model, chain, known, plan, settings, streams, teacher, record)
 
 
 def speculative_sampler(family: ModelFamily, model: nn.Module, chain: torch.Tensor, known: torch.Tensor,

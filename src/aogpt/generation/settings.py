@@ -23,6 +23,7 @@ from aogpt.schedules import POLICIES, SCHEDULES
 from aogpt.validation import bounded, check_ranges
 
 MAX_DRAFT = 1024  # a longer draft is never accepted in full and only costs rows
+DECODE_PATHS = ("fast", "reference")  # how a decode step is computed (docs/generation.md, "Decode paths")
 
 
 @dataclass(frozen=True)
@@ -92,10 +93,11 @@ class GenerationSettings:
     attention: str = "auto"  # decode attention kernel (`aogpt.attention`): auto (explicit for bf16 on a CPU), sdpa, ...
     compile: bool | str = False  # torch.compile the decode step (True: inductor; or a backend name)
     skip_noop: bool = True  # encoder: skip the forward of steps that reveal nothing (MDLM's trick)
+    decode_path: str = "fast"  # "fast": the small-step path (`aogpt.decode`); "reference": the earlier one
 
     SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "greedy", "dtype")
     PLAN_FIELDS = ("steps", "policy", "schedule", "order", "speculative", "candidates", "threshold")
-    RUN_FIELDS = ("batch_size", "use_cache", "prepack", "attention", "compile", "skip_noop")
+    RUN_FIELDS = ("batch_size", "use_cache", "prepack", "attention", "compile", "skip_noop", "decode_path")
 
     def with_overrides(self, **overrides: Any) -> GenerationSettings:
         """A copy with single fields replaced by their keyword names (``temperature=0.8,
@@ -112,13 +114,14 @@ class GenerationSettings:
         self.sampling.validate()
         self.plan.validate()
         check_choice("attention", self.attention, ATTENTION)
+        check_choice("decode path", self.decode_path, DECODE_PATHS)
         check_ranges(self, "generation settings")
         return self
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.plan.to_dict(), **self.sampling.to_dict(), "batch_size": self.batch_size,
                 "use_cache": self.use_cache, "prepack": self.prepack, "attention": self.attention,
-                "compile": self.compile}
+                "compile": self.compile, "decode_path": self.decode_path}
 
 
 def settings_from(settings: GenerationSettings | None, **overrides: Any) -> GenerationSettings:

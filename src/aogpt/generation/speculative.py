@@ -40,7 +40,8 @@ import torch
 from aogpt.generation.decoder import compiled
 from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
-from aogpt.kv_cache import PackedSlots, additive, step_mask
+from aogpt.generation.streams import SequenceStreams
+from aogpt.kv_cache import ragged_layout, sequence_major, step_rows
 from aogpt.sampling import SamplingConfig, categorical, probabilities, sample_tokens
 
 AUTO_START, AUTO_MAX = 4, 16
@@ -68,8 +69,8 @@ class SpeculativeSampler:
         self.pos = torch.cat([torch.zeros_like(chain[:, :1]), chain + 1], dim=1)
         self.tgt = torch.cat([chain, torch.full_like(chain[:, :1], model.config.block_size)], dim=1)
         self.cache = model.setup_cache(B, n + 1, settings.attention)
+        self.layout = ragged_layout(model, "padded")  # the fast path's (measured); the reference path: padded
         self.forward = compiled(model.forward_slots, settings.compile, dev)
-        self.dtype = next(model.parameters()).dtype
         self.auto = k == "auto"
         longest = AUTO_MAX if self.auto else int(k)
         self.k = np.full(B, AUTO_START if self.auto else int(k), dtype=np.int64)
@@ -77,6 +78,7 @@ class SpeculativeSampler:
         self.L = np.zeros(B, dtype=np.int64)  # cached slots (= g after the first forward)
         self.t = np.zeros(B, dtype=np.int64)  # pending drafts, at chain positions g .. g + t - 1
         self.draft_p: torch.Tensor | None = None  # (B, longest, V): the laws the pending drafts came from
+        self.streams: SequenceStreams | None = None  # the batch's random streams, given to `run`
         self.logits = None
         self.forwards = self.slots = self.padded = 0
         self.revealed: list[np.ndarray] = []  # tokens committed per forward, per sequence
@@ -91,47 +93,53 @@ class SpeculativeSampler:
         committed = torch.arange(self.n, device=self.dev) < self._t(self.g)[:, None]
         return scatter_by_position(self.pos[:, 1:] - 1, self.ychain[:, 1:self.n + 1], committed)
 
-    def run(self, cfg: SamplingConfig, gen: torch.Generator | None,
+    def run(self, cfg: SamplingConfig, streams: SequenceStreams,
             progress: Callable[[int], None] | None) -> torch.Tensor:
+        """Decode to the end; every draw (drafts, verification, redraws) from the sequence's own
+        ``tokens`` stream, in an order that depends on that sequence alone."""
+        self.streams = streams
         while (self.g < self.n).any():
             before = self.g.copy()
-            self._forward(cfg, gen)
+            self._forward(cfg)
             self.revealed.append(self.g - before)
             if progress is not None:
                 progress(int((self.g - before).sum()))
         return self.ychain[:, 1:self.n + 1]
 
-    def _forward(self, cfg: SamplingConfig, gen: torch.Generator | None) -> None:
+    def _uniforms(self, seqs: np.ndarray, cfg: SamplingConfig) -> torch.Tensor:
+        return self.streams.token_uniforms(seqs, cfg.dtype, self.dev)
+
+    def _forward(self, cfg: SamplingConfig) -> None:
         """One forward: verify every sequence's pending drafts and draft its next k positions."""
         B, n, g, t, L = self.B, self.n, self.g, self.t, self.L
         k = np.where(g < n, np.minimum(self.k, n - g - t), 0)
         decided = g + t  # the query rows see every committed and drafted slot, causally
         sizes = np.where(g < n, decided - L + k, 0)  # catch-ups (prefill, then the drafts) + queries
         R, W = int(sizes.sum()), int(sizes.max())
-        b = np.repeat(np.arange(B), sizes)
+        b = np.repeat(np.arange(B), sizes)  # the rows sequence-major, as the logits come back
         s = np.arange(R) - np.repeat(np.cumsum(sizes) - sizes, sizes)
         col = L[b] + s
-        content = np.minimum(col, decided[b])
-        span = int(col.max()) + 1
-        real = np.arange(W) < sizes[:, None]
-        padding = self._t(~real)[..., None].bool() & (torch.arange(span, device=self.dev) == 0)  # see column 0
-        mask = step_mask(self._t(L[:, None] + np.arange(W)), self._t(decided)[:, None], span) | padding
-        b_t, col_t = self._t(b), self._t(col)
-        logits = self.forward(self.ychain.view(-1)[self._t(b * (n + 2) + content)][None],
-                              self.pos[b_t, self._t(content)][None], self.tgt[b_t, col_t][None],
-                              attn_mask=additive(mask[:, None], self.dtype), cache=self.cache,
-                              cache_pos=PackedSlots(b_t, col_t, self._t(b * W + s), W))[0]
+        # the forward's rows in the decode path's layout (packed; attention bucketed by width, or padded)
+        pb, pcol, where, mask = step_rows(self.layout, sizes, L, decided, self.cache.k.dtype, self.dev)
+        content = np.minimum(pcol, decided[pb])
+        order = sequence_major(pb, pcol)
+        pb_t, pcol_t = self._t(pb), self._t(pcol)
+        logits = self.forward(self.ychain.view(-1)[self._t(pb * (n + 2) + content)][None],
+                              self.pos[pb_t, self._t(content)][None], self.tgt[pb_t, pcol_t][None],
+                              attn_mask=mask, cache=self.cache, cache_pos=where,
+                              select=None if order is None else self._t(order)[None])[0]
         self.forwards += 1
         self.slots += R
-        self.padded += B * W - R
-        drafts = sample_tokens(logits[self._t(np.nonzero(col >= decided[b])[0])], cfg, gen)
+        self.padded += B * W - R if self.layout == "padded" else 0
+        queries = np.nonzero(col >= decided[b])[0]
+        drafts = sample_tokens(logits[self._t(queries)], cfg,
+                               uniforms=None if cfg.greedy else self._uniforms(b[queries], cfg))
         first_draft = np.cumsum(sizes) - sizes + (g - L)  # each sequence's first verification row
-        accepted = self._verify(logits, first_draft, cfg, gen)
+        accepted = self._verify(logits, first_draft, cfg)
         self._commit(drafts, k, first_draft + t, accepted, logits, cfg)
         self.L = self.g.copy()
 
-    def _verify(self, logits: torch.Tensor, first: np.ndarray, cfg: SamplingConfig,
-                gen: torch.Generator | None) -> np.ndarray:
+    def _verify(self, logits: torch.Tensor, first: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
         """Accept or resample every sequence's pending drafts, all at once; returns how many drafts
         each sequence accepted (its t when all)."""
         accepted = self.t.copy()
@@ -145,18 +153,18 @@ class SpeculativeSampler:
         q = distribution(logits[self._t(first[seqs][si] + ji)], cfg)  # the drafts' true conditionals
         p = self.draft_p[self._t(seqs[si]), j_t]
         drafted = self.ychain[self._t(seqs[si]), self._t(self.g[seqs][si] + 1 + ji)]
-        u = torch.rand(len(seqs), T, dtype=cfg.dtype, device=self.dev, generator=gen)
+        u = self._uniforms(seqs[si], cfg)[:, 0]  # one per pending draft, each sequence's in draft order
         rows = torch.arange(len(si), device=self.dev)
         ok = torch.zeros(len(seqs), T, dtype=torch.bool, device=self.dev)  # past a row's t: stop counting
-        ok[s_t, j_t] = u[s_t, j_t] * p[rows, drafted] <= q[rows, drafted]  # u < q(d) / p(d)
+        ok[s_t, j_t] = u * p[rows, drafted] <= q[rows, drafted]  # u < q(d) / p(d)
         a = ok.long().cumprod(dim=1).sum(dim=1).cpu().numpy()  # drafts before the first rejection
         accepted[seqs] = a
         self._count(np.minimum(a + 1, t), a)
         rejected = np.nonzero(a < t)[0]
         if len(rejected):  # the first rejected position, redrawn from normalize(max(0, q - p))
             at = self._t(np.searchsorted(si, rejected) + a[rejected])  # its row among the pending drafts
-            redrawn = categorical(torch.clamp(q[at] - p[at], min=0), gen)
             b = seqs[rejected]
+            redrawn = categorical(torch.clamp(q[at] - p[at], min=0), uniforms=self._uniforms(b, cfg))
             self.ychain[self._t(b), self._t(self.g[b] + 1 + a[rejected])] = redrawn
         return accepted
 

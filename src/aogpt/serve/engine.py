@@ -50,6 +50,7 @@ from typing import Any
 import greenlet
 import torch
 
+from aogpt.decode.runner import SmallStepModel
 from aogpt.errors import AOGPTError
 from aogpt.generation.generate import GenerationResult, generate
 from aogpt.generation.reveal import Revealed
@@ -92,6 +93,8 @@ class SharedModel:
         self._engine, self._job = engine, job
         self.config = engine.model.config
         self.training = False
+        if hasattr(engine.runner, "ragged_layout"):  # the fast path's layout of ragged steps, as offline
+            self.ragged_layout = engine.runner.ragged_layout
 
     def parameters(self):
         return self._engine.model.parameters()
@@ -106,7 +109,10 @@ class SharedModel:
         return self._engine.conditions
 
     def setup_cache(self, batch: int, capacity: int | None = None, attention: str = "sdpa") -> KVCache:
-        """`Transformer.setup_cache`, with the adaLN tables computed once for all requests."""
+        """The engine's decode runner's cache (the fast path's), or `Transformer.setup_cache` with the
+        adaLN tables computed once for all requests."""
+        if isinstance(self._engine.runner, SmallStepModel):
+            return self._engine.runner.setup_cache(batch, capacity, attention)
         cfg, p = self.config, next(self.parameters())
         return KVCache(cfg.n_layer, batch, cfg.n_head, capacity or cfg.block_size + 2, cfg.head_dim, p.device,
                        p.dtype, self._engine.conditions, attention)

@@ -1,0 +1,134 @@
+"""`aogpt.decode`: the kernels compute the same function, the choice keeps row-invariant kernels and is
+cached per process, and a fast step equals `Transformer.forward_slots` on every layout.
+
+The generation oracles (cache = recomputation, the chi-square laws, one sample per seed, the server's
+batch invariance) run on the fast path too: it is the default of `generate` (tests/generation,
+tests/serve); here are the checks of its parts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aogpt import capability
+from aogpt.decode import choice as decode_choice
+from aogpt.decode.kernels import KINDS, LinearKernel, available, row_invariant
+from aogpt.decode.runner import SmallStepModel, supports
+from aogpt.inference import for_inference
+from aogpt.kv_cache import additive, ragged_rows, step_mask
+from tests.generation.test_generate import tiny_model
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_every_kernel_computes_the_linear_layer_its_gelu_and_its_residual_add(dtype):
+    gen = torch.Generator().manual_seed(0)
+    w, b = torch.randn(24, 16, generator=gen).to(dtype), torch.randn(24, generator=gen).to(dtype)
+    x, r = torch.randn(5, 16, generator=gen).to(dtype), torch.randn(5, 24, generator=gen).to(dtype)
+    kinds = available(dtype, torch.device("cpu"), fused=True)
+    assert kinds[-1] == "plain" and set(k.removesuffix("+fused") for k in kinds) <= set(KINDS)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-12, rtol=0)
+    with torch.inference_mode():
+        for kind in kinds:
+            k = LinearKernel(w, b, kind)
+            torch.testing.assert_close(k(x), F.linear(x, w, b), **tol)
+            torch.testing.assert_close(k.gelu(x), F.gelu(F.linear(x, w, b)), **tol)
+            torch.testing.assert_close(k.gelu(x, "tanh"), F.gelu(F.linear(x, w, b), approximate="tanh"), **tol)
+            torch.testing.assert_close(k.add(x, r), r + F.linear(x, w, b), **tol)
+
+
+def test_the_row_invariance_check_tells_one_from_the_other():
+    w = torch.randn(4, dtype=torch.float64)
+    assert row_invariant(lambda x: x * w + 1, 4, torch.float64, torch.device("cpu"))
+    # a "kernel" whose result depends on how many rows come with it
+    assert not row_invariant(lambda x: x * w + x.shape[0] * 1e-9, 4, torch.float64, torch.device("cpu"))
+
+
+def test_the_choice_is_measured_once_and_keeps_row_invariant_kernels():
+    decode_choice.forget()
+    shapes = decode_choice.Shapes(32, 128, 64, 2, 16, 34)
+    first = decode_choice.choose(shapes, torch.float32, torch.device("cpu"))
+    assert decode_choice.choose(shapes, torch.float32, torch.device("cpu")) is first  # cached for the process
+    assert set(first.linear) == set(decode_choice.ROLES) and first.attention in ("sdpa", "matmul")
+    for role, kind in first.linear.items():
+        tried = {k: us for k, us in first.linear_us.items() if k.startswith(role + "/")}
+        usable = {k: us for k, us in tried.items() if first.invariant[k]} or tried
+        assert first.linear_us[f"{role}/{kind}"] == min(usable.values())  # the fastest of the eligible
+    assert first.row_invariant == all(first.invariant[f"{r}/{k}"] for r, k in first.linear.items())
+    assert first.describe().endswith(f"({capability.cpu_class()})")
+    f64 = decode_choice.choose(shapes, torch.float64, torch.device("cpu"))
+    assert set(f64.linear.values()) == {"plain"} and f64.store == torch.float64 and not f64.linear_us
+
+
+def test_an_avx2_cpu_chooses_among_its_own_kernels(as_cpu):
+    if capability.cpu().arch != "x86":
+        pytest.skip("the avx2 class is an x86 class")
+    as_cpu("avx2")
+    decode_choice.forget()
+    c = decode_choice.choose(decode_choice.Shapes(32, 128, 64, 2, 16, 34), torch.bfloat16, torch.device("cpu"))
+    assert set(c.linear.values()) == {"plain"}  # no bf16 packing, no bf16 MKL on that class
+    assert c.cpu_class == "avx2"
+    decode_choice.forget()
+
+
+@pytest.mark.parametrize("variant", ["aogpt", "sigma", "gpt"])
+@pytest.mark.parametrize("layout", ["uniform", "buckets", "padded"])
+def test_a_fast_step_is_the_models_forward(variant, layout):
+    """The same step through `SmallStepModel` and through the model's own forward (each with its own
+    cache, prefilled alike): logits and the keys written agree to rounding."""
+    model = tiny_model(variant, vocab=13, block=10, n_embd=16, n_layer=2)
+    fast = for_inference(model)
+    assert isinstance(fast, SmallStepModel) and supports(model)
+    B = 3
+    gen = torch.Generator().manual_seed(1)
+    mine, ref = fast.setup_cache(B, 11), model.setup_cache(B, 11)
+    with torch.inference_mode():
+        for cache in (mine, ref):  # prefill six columns
+            tokens = torch.randint(0, 13, (B, 6), generator=torch.Generator().manual_seed(2))
+            pos = torch.arange(6).expand(B, 6)
+            tgt = torch.arange(1, 7).expand(B, 6)
+            runner = fast if cache is mine else model
+            runner.forward_slots(tokens, pos, tgt, cache=cache, cache_pos=0)
+        if layout == "uniform":  # two rows per sequence at columns 6, 7 (a catch-up and a query)
+            tokens = torch.randint(0, 13, (B, 2), generator=gen)
+            pos = torch.tensor([[7, 7]]).expand(B, 2)
+            tgt = torch.tensor([[7, 9]]).expand(B, 2)
+            mask = additive(step_mask(torch.tensor([6, 7]), 7, 8)[None, None], torch.float64)
+            kw = dict(attn_mask=mask, cache_pos=6)
+        else:
+            sizes, first, decided = np.array([2, 0, 1]), np.array([6, 6, 6]), np.array([7, 6, 6])
+            b, col, where = ragged_rows(sizes, first, decided, torch.float64, torch.device("cpu"))
+            mask = None
+            if layout == "padded":
+                from aogpt.kv_cache import padded_rows
+
+                b, col, where, mask = padded_rows(sizes, first, decided, torch.float64, torch.device("cpu"))
+            R = len(b)
+            tokens = torch.randint(0, 13, (1, R), generator=gen)
+            pos = torch.from_numpy(col + 1)[None]
+            tgt = torch.from_numpy(col + 2)[None]
+            kw = dict(attn_mask=mask, cache_pos=where)
+        got = fast.forward_slots(tokens, pos, tgt, cache=mine, **kw)
+        want = model.forward_slots(tokens, pos, tgt, cache=ref, **kw)
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
+    torch.testing.assert_close(mine.k, ref.k, atol=1e-10, rtol=0)  # the scale went into q, not into the keys
+    torch.testing.assert_close(mine.v, ref.v, atol=1e-10, rtol=0)
+    assert fast.weight_bytes() > 0
+
+
+def test_the_runner_checks_its_own_kernels_as_the_choice_did():
+    model = tiny_model("aogpt", vocab=32, block=10, dtype=torch.float32)
+    fast = for_inference(model)
+    assert fast.row_invariant() == fast.choice.row_invariant  # the actual weights, the same shapes
+
+
+def test_unsupported_blocks_keep_the_reference_path():
+    from aogpt.config import model_config
+    from aogpt.model import Transformer
+
+    llama_like = Transformer(model_config("gpt", n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=16,
+                                          positions="rotary", mlp="swiglu", norm="rmsnorm"))
+    assert not supports(llama_like)
+    assert not isinstance(for_inference(llama_like), SmallStepModel)
