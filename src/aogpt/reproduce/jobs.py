@@ -51,10 +51,9 @@ def _init_worker(data_dir: str, threads: int) -> None:
     _DATA = PreparedData(data_dir)
 
 
-def _piece(run: Any, until: int) -> int:
-    """One piece in a worker: the steps trained (KeyboardInterrupt after a stop signal, checkpointed)."""
-    from aogpt.reproduce.runner import advance
-
+def _piece(advance: Callable[..., int], run: Any, until: int) -> int:
+    """One piece in a worker (`advance`: `aogpt.reproduce.runner.advance`, passed by reference): the
+    steps trained (KeyboardInterrupt after a stop signal, checkpointed)."""
     return advance(run, until, _DATA, stop=lambda: bool(_SIGNALLED))
 
 
@@ -92,10 +91,11 @@ class Pool:
         self.executor = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                                             initializer=_init_worker, initargs=(str(data_dir), threads))
 
-    def run_round(self, pieces: Sequence[tuple[Any, int]], done: Callable[[Any, int], None]) -> None:
-        """Train every (run, until) of one round; `done(run, steps)` as each piece ends. Raises
-        KeyboardInterrupt after a stop signal, once every started piece has checkpointed."""
-        futures: dict[Future, Any] = {self.executor.submit(_piece, run, until): run for run, until in pieces}
+    def run_round(self, advance: Callable[..., int], pieces: Sequence[tuple[Any, int]],
+                  done: Callable[[Any, int], None]) -> None:
+        """Train every (run, until) of one round with `advance`; `done(run, steps)` as each piece ends.
+        Raises KeyboardInterrupt after a stop signal, once every started piece has checkpointed."""
+        futures: dict[Future, Any] = {self.executor.submit(_piece, advance, run, until): run for run, until in pieces}
         interrupted = False
         with _forward_sigterm(self.executor):
             pending = set(futures)
@@ -115,6 +115,8 @@ class Pool:
                     except KeyboardInterrupt:
                         interrupted = True
                     except BrokenProcessPool:
+                        if interrupted:  # a worker stopped before it could take the signal: nothing was lost
+                            continue
                         raise AOGPTError("a training process of the reproduction died (killed, or out of memory)",
                                          "run the same command again to continue, with fewer --jobs") from None
         if interrupted:

@@ -271,7 +271,7 @@ def train_runs(plan: Plan, data: Any, show_progress: bool = True, jobs: int = 1)
 
                 bar.set_postfix_str(f"round {r + 1} of {evals}, {jobs} processes")
                 round_.sort(key=lambda item: -cost(item[0]))
-                pool.run_round(round_, lambda run, steps: bar.update(steps))
+                pool.run_round(advance, round_, lambda run, steps: bar.update(steps))
     finally:
         if pool is not None:
             pool.close()
