@@ -10,9 +10,10 @@ a checkpoint, so nothing about resuming changes:
 
 * a piece is the same computation in a worker as in the main process (same seeds, one thread each);
 * Ctrl-C reaches every process of the terminal's group: a worker inside a piece finishes its step and
-  checkpoints (the trainer's own handler), one between pieces remembers it and the next piece it
-  starts stops after one step; the main process waits for them, then reports the interruption as
-  one process would. SIGTERM sent to the main process alone is passed on to the workers;
+  checkpoints (the trainer's own handler); one between pieces remembers it and begins no other piece
+  (one still setting its trainer up trains one step and checkpoints); the main process cancels the
+  pieces not yet handed out, waits for the others, then reports the interruption as one process
+  would. SIGTERM sent to the main process alone is passed on to the workers;
 * a worker that dies (killed, out of memory) is a one-line error; the finished pieces are kept.
 """
 
@@ -53,7 +54,10 @@ def _init_worker(data_dir: str, threads: int) -> None:
 
 def _piece(advance: Callable[..., int], run: Any, until: int) -> int:
     """One piece in a worker (`advance`: `aogpt.reproduce.runner.advance`, passed by reference): the
-    steps trained (KeyboardInterrupt after a stop signal, checkpointed)."""
+    steps trained (KeyboardInterrupt after a stop signal, checkpointed). A piece queued before a stop
+    signal and taken after it is not begun."""
+    if _SIGNALLED:
+        raise KeyboardInterrupt
     return advance(run, until, _DATA, stop=lambda: bool(_SIGNALLED))
 
 
