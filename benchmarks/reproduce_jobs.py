@@ -96,7 +96,8 @@ def main() -> int:
     (args.out / "reproduce_jobs.json").write_text(json.dumps({"meta": meta, "contenders": summary}, indent=1))
     lines = [f"Findings {args.findings}, {args.seeds} seeds, {args.steps} steps per run, {args.rounds} interleaved "
              f"rounds, {os.cpu_count()} CPUs:", "",
-             "| processes x threads | median wall s | wall s per round | median CPU s | wall / 1x2 |", "|---|---|---|---|---|"]
+             "| processes x threads | median wall s | wall s per round | median CPU s | wall / 1x2 |",
+             "|---|---|---|---|---|"]
     for name, s in summary.items():
         lines.append(f"| {name} | {s['median_wall']:.1f} | {', '.join(f'{w:.1f}' for w in s['wall'])} | "
                      f"{s['median_cpu']:.1f} | {s['vs_1x2']:.2f} |")

@@ -26,13 +26,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=path_arg, required=True, help="output directory (runs, analyses, figures, report)")
     p.add_argument("--seeds", type=int_arg(ge=1, le=1000), default=None,
                    help="seeds per run for every finding (default: 3 for the training-recipe findings f1, f2, f3, "
-                   "injection, ema, adaln-ema, decided by intervals over seeds, and 1 for the others; --quick: 1)")
+                   "injection, ema, adaln-ema and infill, decided by intervals over seeds, and 1 for the others; "
+                   "--quick: 1)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of the whole pipeline (~1 minute)")
     p.add_argument("--budget-minutes", type=finite_float(gt=0, le=10**6), default=None, metavar="M",
                    help="pick the training steps so that everything fits M minutes on this machine "
                    "(timed once, then fixed for DIR; with too few minutes for 3 seeds, one); default: the standard "
-                   "scale "
-                   "(under an hour on 2 cores)")
+                   "scale (about 50 minutes of one core; about 25 with --jobs 2 on 2 free cores)")
     p.add_argument("--device", default="cpu", help="cpu (default: the documented scale), cuda, auto")
     p.add_argument("--jobs", type=int_arg(ge=1, le=256), default=1, metavar="N",
                    help="train N runs side by side, each in its own process with its share of the threads "

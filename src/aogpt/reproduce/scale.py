@@ -1,14 +1,16 @@
 """How big `aogpt reproduce` runs: model size, steps, evaluation and analysis sizes.
 
 Every run of one command has the same size, data, batch and number of steps (the budget is in
-steps, hence in tokens: results do not depend on how busy the machine is). `DEFAULT` fits in about
-an hour on two quiet CPU cores; `QUICK` is a smoke test of the whole pipeline in about a minute.
+steps, hence in tokens: results do not depend on how busy the machine is). `DEFAULT` takes about 50
+minutes of one CPU core (every distinct run timed once and extrapolated; about half with two processes
+on two cores, `--jobs 2`); `QUICK` is a smoke test of the whole pipeline in about a minute.
 `--budget-minutes` keeps the size and picks the steps from a short timing of this machine
 (`aogpt.reproduce.runner.fit_budget`).
 
 Seeds: the training-recipe findings (`aogpt.reproduce.findings.RECIPE`) run `Scale.seeds` seeds by
 default (3 at the default scale, whose steps are chosen so that their 53 runs fit the hour), the
-other findings the first seed; ``--seeds N`` runs every finding at N seeds.
+other findings the first seed; ``--seeds N`` runs every finding at N seeds. The infilling finding's runs
+have their own context (`infill_block_size`) and two budgets (`infill_budgets`, multiples of `steps`).
 
 Every any-order decoder run (uniform, mixture or Mallows orders) starts as the library recommends
 (`aogpt.config.any_order_start`: a curriculum from left to right to the run's order, the target pathway
@@ -125,8 +127,9 @@ class Scale:
         return dataclasses.replace(self, seeds=seeds).check()
 
 
-# 16 recipe runs x 3 seeds + 5 runs of the other findings x 1 seed = 53 runs of 1,200 steps: under an hour
-# on two cores (docs/reproduce.md, "Seeds and the budget")
+# 16 recipe runs x 3 seeds + 5 runs of the other findings x 1 seed = 53 runs of 1,200 steps: about 50 minutes of
+# one core, measured run by run (docs/reproduce.md, "What the default costs, and --jobs"); --jobs 2 on two cores
+# about half of it
 DEFAULT = Scale("default", steps=1200, seeds=3).check()
 QUICK = Scale("quick", n_layer=2, n_embd=32, n_head=2, block_size=32, batch_size=8, steps=24, evals=2,
               eval_batches=4, lr=3e-3, min_lr=3e-4, warmup_steps=4, ensemble_sequences=8, ensemble_orders=1,
