@@ -180,7 +180,12 @@ class Loaded:
         return generate(self.model, tokenizer=self.tokenizer, **kwargs)
 
     def infill(self, template: Any, **kwargs: Any) -> Any:
-        """Fill the blanks of a template; see `aogpt.generation.generate.infill`."""
+        """Fill the blanks of a template; see `aogpt.generation.generate.infill` (a fill-in-the-middle
+        GPT: `aogpt.generation.fim.fim_fill`)."""
+        if self.config.fim_tokens:
+            from aogpt.generation.fim import fim_fill
+
+            return fim_fill(self.model, template, tokenizer=self.tokenizer, **kwargs)
         from aogpt.generation.generate import infill
 
         return infill(self.model, template, tokenizer=self.tokenizer, **kwargs)

@@ -28,6 +28,8 @@ def test_train_records_the_sentinels_and_load_knows_them(fim_run: Path, capsys: 
     loaded = load(fim_run)
     assert loaded.config.fim_tokens == [257, 258, 259, 260] and loaded.train_config["fim_rate"] == 0.5
     assert isinstance(loaded.tokenizer, FIMTokenizer) and loaded.tokenizer.text_vocab_size == 257
+    filled = loaded.infill("To be,[MASK:4] to be", seed=0, num_samples=2)  # the Python API fills the middle too
+    assert filled.settings["infill_method"] == "fim" and all(t.startswith("To be,") for t in filled.texts)
     rc = main(["train", "--preset", "tiny", "--variant", "aogpt", "--fim-rate", "0.5", "--data", str(fim_run),
                "--out", str(fim_run.parent / "no")])
     err = capsys.readouterr().err
