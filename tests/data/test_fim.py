@@ -4,8 +4,6 @@ special tokens of the tokenizer."""
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 import torch
@@ -20,12 +18,16 @@ S = Sentinels.after(100)  # end 100, prefix 101, suffix 102, middle 103
 
 def test_psm_and_spm_rows_as_written_by_hand() -> None:
     raw = torch.arange(10, 18)[None]  # m = 8 tokens: 10 .. 17
-    for lo, hi in [(0, 0), (0, 8), (3, 5), (2, 2), (8, 8), (5, 8)]:
-        pre, mid, suf = list(range(10, 10 + lo)), list(range(10 + lo, 10 + hi)), list(range(10 + hi, 18))
-        psm = arrange(raw, torch.tensor([lo]), torch.tensor([hi]), torch.tensor([False]), S)[0].tolist()
-        spm = arrange(raw, torch.tensor([lo]), torch.tensor([hi]), torch.tensor([True]), S)[0].tolist()
-        assert psm == [101, *pre, 102, *suf, 103, *mid, 100] == psm_row(pre, suf, S, mid, end=True)
-        assert spm == [101, 102, *suf, 103, *pre, *mid, 100]
+    for d, lo, hi in [(8, 0, 0), (8, 0, 8), (8, 3, 5), (8, 2, 2), (8, 8, 8), (8, 5, 8), (5, 2, 4), (1, 0, 1),
+                      (3, 3, 3)]:
+        pre, mid, suf = list(range(10, 10 + lo)), list(range(10 + lo, 10 + hi)), list(range(10 + hi, 10 + d))
+        tail = list(range(10 + d, 18))  # the window after the document: plain text after END
+        psm, spm = (arrange(raw, torch.tensor([lo]), torch.tensor([hi]), torch.tensor([mode]), S,
+                            torch.tensor([d]))[0].tolist() for mode in (False, True))
+        assert psm == [101, *pre, 102, *suf, 103, *mid, 100, *tail] == [*psm_row(pre, suf, S, mid, end=True), *tail]
+        assert spm == [101, 102, *suf, 103, *pre, *mid, 100, *tail]
+    whole = arrange(raw, torch.tensor([3]), torch.tensor([5]), torch.tensor([False]), S)  # default: all of it
+    assert whole[0].tolist() == [101, 10, 11, 12, 102, 15, 16, 17, 103, 13, 14, 100]
 
 
 def test_rows_not_drawn_are_returned_untouched_and_drawn_rows_hold_their_window() -> None:
@@ -35,7 +37,7 @@ def test_rows_not_drawn_are_returned_untouched_and_drawn_rows_hold_their_window(
     plain = (out == idx).all(1)
     assert 10 < int(plain.sum()) < 54  # both kinds occur
     for row, window in zip(out[~plain], idx[~plain], strict=True):
-        assert row[0] == S.prefix and row[-1] == S.end
+        assert row[0] == S.prefix and int((row == S.end).sum()) == 1
         assert sorted(row[row < 100].tolist()) == sorted(window[:20 - SENTINELS].tolist())
     assert torch.equal(fim_rows(idx, 0.0, 0.5, S, torch.Generator().manual_seed(1)), idx)  # rate 0: a GPT's batch
     assert not (fim_rows(idx, 1.0, 0.5, S, torch.Generator().manual_seed(1)) == idx).all(1).any()
@@ -43,34 +45,37 @@ def test_rows_not_drawn_are_returned_untouched_and_drawn_rows_hold_their_window(
         fim_rows(idx[:, :4], 0.5, 0.5, S, g)
 
 
-def _psm_cuts(row: list[int]) -> tuple[int, int]:
-    """(lo, hi) read back from a PSM row: PRE prefix SUF suffix MID middle END."""
-    suf, mid = row.index(S.suffix), row.index(S.middle)
-    return suf - 1, suf - 1 + (len(row) - 2 - mid)
+def _psm_cuts(row: list[int]) -> tuple[int, int, int]:
+    """(D, lo, hi) read back from a PSM row: PRE prefix SUF suffix MID middle END, then plain text."""
+    suf, mid, end = row.index(S.suffix), row.index(S.middle), row.index(S.end)
+    return end - 3, suf - 1, suf - 1 + (end - mid - 1)
 
 
-def test_cut_points_follow_the_uniform_law_over_sorted_pairs_and_a_wrong_law_is_rejected() -> None:
-    """(lo, hi) is a sorted pair of two uniform draws from {0..m}: P = 2/(m+1)^2 off the diagonal,
-    1/(m+1)^2 on it. With an empty prefix PSM and SPM rows are the same sequence, so SUFFIX right after
-    PREFIX has probability spm + (1 - spm) P(lo = 0); the other rows are PSM with lo >= 1, whose cuts
-    follow the law restricted to lo >= 1. The FIM rate is binomial."""
-    n, m, B, rate, spm_rate = 8, 4, 6000, 0.7, 0.4
+def test_documents_and_cut_points_follow_their_law_and_a_wrong_law_is_rejected() -> None:
+    """The document's length D is uniform on 1..m; given D, (lo, hi) is a sorted pair of two uniform
+    draws from {0..D} (P = 2/(D+1)^2 off the diagonal, 1/(D+1)^2 on it). With an empty prefix PSM and
+    SPM rows are the same sequence, so SUFFIX right after PREFIX has probability spm + (1 - spm) P(lo =
+    0); the other rows are PSM with lo >= 1, whose (D, lo, hi) follow the law restricted to lo >= 1.
+    The FIM rate is binomial."""
+    n, m, B, rate, spm_rate = 8, 4, 12000, 0.7, 0.4
     idx = torch.arange(n).expand(B, n)
     out = fim_rows(idx, rate, spm_rate, S, torch.Generator().manual_seed(3))
     fim = ~(out == idx).all(1)
     suffix_first = fim & (out[:, 1] == S.suffix)
-    p_lo0 = 1 - (m / (m + 1)) ** 2
+    p_lo0 = sum(1 - (d / (d + 1)) ** 2 for d in range(1, m + 1)) / m
     assert stats.binomtest(int(fim.sum()), B, rate).pvalue > 1e-3
     assert stats.binomtest(int(suffix_first.sum()), int(fim.sum()), spm_rate + (1 - spm_rate) * p_lo0).pvalue > 1e-3
-    pairs = [(lo, hi) for lo, hi in itertools.product(range(1, m + 1), range(m + 1)) if lo <= hi]
-    counts = dict.fromkeys(pairs, 0)
+    cells = [(d, lo, hi) for d in range(1, m + 1) for lo in range(1, d + 1) for hi in range(lo, d + 1)]
+    counts = dict.fromkeys(cells, 0)
     for row in out[fim & ~suffix_first].tolist():
         counts[_psm_cuts(row)] += 1
-    observed = np.array([counts[p] for p in pairs])
-    law = np.array([1.0 if lo == hi else 2.0 for lo, hi in pairs])
+    observed = np.array([counts[c] for c in cells])
+    law = np.array([(1.0 if lo == hi else 2.0) / (d + 1) ** 2 / m for d, lo, hi in cells])
     total = observed.sum()
     assert stats.chisquare(observed, law / law.sum() * total).pvalue > 1e-3
-    wrong = np.full(len(pairs), 1 / len(pairs))  # uniform over sorted pairs: a plausible mistake
+    whole = np.array([(1.0 if lo == hi else 2.0) * (d == m) for d, lo, hi in cells]) + 1e-9  # D always m
+    assert stats.chisquare(observed, whole / whole.sum() * total).pvalue < 1e-6
+    wrong = np.full(len(cells), 1 / len(cells))  # uniform over the cells: a plausible mistake
     assert stats.chisquare(observed, wrong * total).pvalue < 1e-6
 
 

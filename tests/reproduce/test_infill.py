@@ -19,7 +19,7 @@ from aogpt.reproduce.findings import FINDINGS, INFILL_LENGTHS, infill_key
 from aogpt.reproduce.scale import QUICK
 
 TINY = dataclasses.replace(QUICK, n_embd=16, steps=6, evals=2, batch_size=4, eval_batches=2, warmup_steps=2, seeds=2,
-                           infill_block_size=84, infill_context=8, infill_cuts=4)
+                           infill_block_size=88, infill_context=8, infill_cuts=4)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def test_the_checks_follow_the_rule_over_two_seeds(report):
     markdown = (out / "report.md").read_text()
     assert "Fills best: at the smaller budget (6 steps)" in markdown and "The left-to-right price" in markdown
     assert (out / "figures" / "infill.png").stat().st_size > 1000
-    assert "the infilling runs: context 84, 6 and 18 steps" in rep["scale"]["description"]
+    assert "the infilling runs: context 88, 6 and 18 steps" in rep["scale"]["description"]
 
 
 def test_rows_are_the_exact_span_scores_of_the_trained_runs(report):
@@ -53,7 +53,7 @@ def test_rows_are_the_exact_span_scores_of_the_trained_runs(report):
     per_seed = []
     for seed in (1337, 1338):
         model = load(out / "runs" / f"infill-fim-{budget}-seed{seed}").model
-        assert model.config.block_size == 84 and model.config.fim_tokens == [257, 258, 259, 260]
+        assert model.config.block_size == 88 and model.config.fim_tokens == [257, 258, 259, 260]
         scores = score_cuts(model, cuts, byte_lengths=data.tokenizer.byte_lengths())
         per_seed.append(scores.bpb(FIM_ROW).mean)
     assert f["infill"]["rows"][infill_key("fim", "both", n, budget)]["mean"] == pytest.approx(np.mean(per_seed))

@@ -17,10 +17,17 @@ suffix's sentinel), in which the middle continues the prefix directly.
 
 **The transformation** (`fim_rows`), applied to a training batch of windows of n tokens: each row
 independently becomes a FIM row with probability `rate`, in SPM with probability `spm_rate` and in PSM
-otherwise; every other row is left exactly as it was (a plain left-to-right row). A FIM row takes the
-first n - 4 tokens of its window (the four sentinels fill the rest, so rows keep their length and a
-batch its shape), draws two cut points uniformly among the n - 3 token boundaries (sorted; the middle
-may be empty), and rearranges prefix / middle / suffix with the sentinels. The cuts are token-level:
+otherwise; every other row is left exactly as it was (a plain left-to-right row). A FIM row takes a
+*document* of D tokens from the start of its window, D uniform in 1 .. n - 4, draws two cut points
+uniformly among its D + 1 token boundaries (sorted; the middle may be empty), rearranges prefix /
+middle / suffix with the sentinels and closes the middle with END; the window's next n - 4 - D tokens
+follow as plain text, so rows keep their length and a batch its shape. Were every document the whole
+window, END would always sit in the row's last slot and the model would learn the middle's length from
+the position alone: given a gap whose row is shorter it would expect more middle, given one whose row
+fills the context it would know where to stop. With D drawn, END's position says nothing, but for
+one thing: a middle still open in the row's last slot must end there, so a row scored with
+`aogpt.evaluation.infill.fim_span_nll` should leave slots free (`aogpt reproduce infill` leaves 12).
+The paper's documents have their own lengths, to the same effect. The cuts are token-level:
 with the ``bytes`` tokenizer a token is a byte, so they are byte-level, i.e. character-level on ASCII
 text. (Character-level cuts for a BPE tokenizer would re-encode the three pieces of every row while
 training and make rows of unequal length; the paper reports token-level cuts cost little.) A
@@ -140,28 +147,31 @@ def with_sentinels(tokenizer: Tokenizer) -> FIMTokenizer:
 
 # --------------------------------------------------------------------------------- the transformation
 def arrange(raw: torch.Tensor, cut_lo: torch.Tensor, cut_hi: torch.Tensor, spm: torch.Tensor,
-            sentinels: Sentinels) -> torch.Tensor:
-    """FIM rows (B, m + 4) from windows `raw` (B, m) cut at `cut_lo` <= `cut_hi` (B,) (prefix =
-    raw[:lo], middle = raw[lo:hi], suffix = raw[hi:]), in SPM where `spm` (B,) bool, else PSM. One
-    gather: every slot of the output names the raw token it holds or a sentinel."""
+            sentinels: Sentinels, length: torch.Tensor | None = None) -> torch.Tensor:
+    """FIM rows (B, m + 4) from windows `raw` (B, m): the first `length` (B,) tokens of each (default
+    all m: the document) cut at `cut_lo` <= `cut_hi` <= length (prefix = doc[:lo], middle = doc[lo:hi],
+    suffix = doc[hi:]) and rearranged, in SPM where `spm` (B,) bool, else PSM, then END; the rest of
+    the window follows as plain text. One gather: every slot names the raw token it holds or a sentinel."""
     B, m = raw.shape
     k = torch.arange(m + SENTINELS, device=raw.device).expand(B, -1)
     lo, hi = cut_lo.to(raw.device)[:, None], cut_hi.to(raw.device)[:, None]
-    suffix_len = m - hi
-    src = torch.full_like(k, -1)  # the raw index each slot copies; -1: a sentinel
+    doc = torch.full_like(lo, m) if length is None else length.to(raw.device)[:, None]
+    end = doc + SENTINELS - 1  # where END goes; after it, the window's tokens doc .. m - 1
+    suffix_len = doc - hi
+    src = torch.where(k > end, k - SENTINELS, torch.full_like(k, -1))  # the raw index each slot copies; -1: sentinel
     tok = torch.full_like(k, sentinels.end)
     # PSM: PRE prefix SUF suffix MID middle END
     psm_src = torch.where((k >= 1) & (k <= lo), k - 1, src)
     psm_src = torch.where((k >= lo + 2) & (k < lo + 2 + suffix_len), hi + k - (lo + 2), psm_src)
     psm_mid = lo + 2 + suffix_len
-    psm_src = torch.where((k > psm_mid) & (k < m + 3), lo + k - (psm_mid + 1), psm_src)
+    psm_src = torch.where((k > psm_mid) & (k < end), lo + k - (psm_mid + 1), psm_src)
     psm_tok = torch.where(k == 0, sentinels.prefix, tok)
     psm_tok = torch.where(k == lo + 1, sentinels.suffix, psm_tok)
     psm_tok = torch.where(k == psm_mid, sentinels.middle, psm_tok)
     # SPM (Appendix D): PRE SUF suffix MID prefix middle END
     spm_src = torch.where((k >= 2) & (k < 2 + suffix_len), hi + k - 2, src)
     spm_mid = 2 + suffix_len
-    spm_src = torch.where((k > spm_mid) & (k < m + 3), k - (spm_mid + 1), spm_src)
+    spm_src = torch.where((k > spm_mid) & (k < end), k - (spm_mid + 1), spm_src)
     spm_tok = torch.where(k == 0, sentinels.prefix, tok)
     spm_tok = torch.where(k == 1, sentinels.suffix, spm_tok)
     spm_tok = torch.where(k == spm_mid, sentinels.middle, spm_tok)
@@ -176,7 +186,8 @@ def fim_rows(idx: torch.Tensor, rate: float, spm_rate: float, sentinels: Sentine
              generator: torch.Generator) -> torch.Tensor:
     """The batch `idx` (B, n) with each row turned into a FIM row with probability `rate` (module
     docstring); the other rows are returned untouched. Draws on the CPU from `generator`: B uniforms
-    (which rows), B (which mode) and 2B (the cuts), the same count whatever is chosen."""
+    (which rows), B (which mode), B (the document's length) and 2B (the cuts), the same count whatever
+    is chosen."""
     B, n = idx.shape
     if n <= SENTINELS:
         raise AOGPTError(f"fill-in-the-middle rows need more than {SENTINELS} tokens, the context is {n}",
@@ -184,12 +195,14 @@ def fim_rows(idx: torch.Tensor, rate: float, spm_rate: float, sentinels: Sentine
     pick = torch.rand(B, generator=generator) < rate
     spm = torch.rand(B, generator=generator) < spm_rate
     m = n - SENTINELS
-    cuts = torch.randint(0, m + 1, (B, 2), generator=generator).sort(dim=1).values
+    length = torch.randint(1, m + 1, (B,), generator=generator)  # the document: 1 .. m tokens
+    cuts = (torch.rand(B, 2, generator=generator, dtype=torch.float64) * (length[:, None] + 1)).long()
+    cuts = torch.minimum(cuts, length[:, None]).sort(dim=1).values  # two uniform draws from {0 .. length}, sorted
     if not bool(pick.any()):
         return idx
     rows = pick.nonzero()[:, 0].to(idx.device)
     out = idx.clone()
-    out[rows] = arrange(idx[rows, :m], cuts[pick, 0], cuts[pick, 1], spm[pick], sentinels)
+    out[rows] = arrange(idx[rows, :m], cuts[pick, 0], cuts[pick, 1], spm[pick], sentinels, length[pick])
     return out
 
 

@@ -67,11 +67,12 @@ class Scale:
     bench_steps: tuple[int, ...] = (8, 16, 32, 64)
     bench_repeats: int = 3
     # The infilling finding (`aogpt.reproduce.infill`): a context that holds the widest span (64) with
-    # `infill_context` tokens each side and a fill-in-the-middle row's 4 sentinels; two budgets, as multiples
-    # of `steps`; the held-out spans scored per length.
+    # `infill_context` tokens each side and a fill-in-the-middle row's 4 sentinels, with slots to spare (a FIM
+    # middle still open in the last slot must end there: `aogpt.data.fim`); two budgets, as multiples of
+    # `steps`; the held-out spans scored per length.
     infill_block_size: int = 128
     infill_budgets: tuple[int, ...] = (1, 3)
-    infill_context: int = 30
+    infill_context: int = 24
     infill_cuts: int = 64
 
     @property
@@ -87,9 +88,9 @@ class Scale:
         from aogpt.reproduce.findings import INFILL_BUDGET_NAMES, INFILL_LENGTHS
 
         if len(self.infill_budgets) != len(INFILL_BUDGET_NAMES) or \
-                2 * self.infill_context + max(INFILL_LENGTHS) + 4 > self.infill_block_size:
-            raise AOGPTError("the infilling runs need two budgets and a context for the widest span, its sides and "
-                             "four sentinels", "fix the scale")
+                2 * self.infill_context + max(INFILL_LENGTHS) + 4 >= self.infill_block_size:
+            raise AOGPTError("the infilling runs need two budgets and a context longer than the widest span, its "
+                             "sides and four sentinels", "fix the scale")
         return self
 
     def infill_steps(self, budget: int) -> int:
