@@ -180,7 +180,12 @@ class Loaded:
         return generate(self.model, tokenizer=self.tokenizer, **kwargs)
 
     def infill(self, template: Any, **kwargs: Any) -> Any:
-        """Fill the blanks of a template; see `aogpt.generation.generate.infill`."""
+        """Fill the blanks of a template; see `aogpt.generation.generate.infill` (a fill-in-the-middle
+        GPT: `aogpt.generation.fim.fim_fill`)."""
+        if self.config.fim_tokens:
+            from aogpt.generation.fim import fim_fill
+
+            return fim_fill(self.model, template, tokenizer=self.tokenizer, **kwargs)
         from aogpt.generation.generate import infill
 
         return infill(self.model, template, tokenizer=self.tokenizer, **kwargs)
@@ -231,7 +236,7 @@ def load(path: str | Path, weights: str = "ema", device: str | torch.device = "c
     if weights == "ema":  # buffers and any entry without an EMA copy come from the raw weights
         state = {**weights_of(tensors, "raw"), **state}
     model = _built(mcfg, state, f"{ckpt}/model.safetensors", device, dtype)
-    return Loaded(model=model, tokenizer=_tokenizer(cfg.get("tokenizer"), ckpt / "tokenizer"), config=mcfg,
+    return Loaded(model=model, tokenizer=_tokenizer(cfg.get("tokenizer"), ckpt / "tokenizer", mcfg), config=mcfg,
                   train_config=cfg.get("train", {}), step=int(cfg.get("step", 0)), path=ckpt, weights=weights,
                   meta=cfg)
 
@@ -243,12 +248,21 @@ def _built(mcfg: ModelConfig, state: dict[str, torch.Tensor], where: str, device
     return model.to(device=device, dtype=dtype).eval()
 
 
-def _tokenizer(spec: str | None, directory: Path) -> Any:
+def _tokenizer(spec: str | None, directory: Path, mcfg: ModelConfig | None = None) -> Any:
+    """The checkpoint's tokenizer; for a fill-in-the-middle model, with its sentinels after its ids."""
     if not spec:
         return None
     from aogpt.data.tokenizer import load_tokenizer
 
-    return load_tokenizer(spec, directory)
+    tok = load_tokenizer(spec, directory)
+    if mcfg is not None and mcfg.fim_tokens:
+        from aogpt.data.fim import Sentinels, with_sentinels
+
+        tok = with_sentinels(tok)
+        if tok.sentinels != Sentinels.from_list(mcfg.fim_tokens):
+            raise AOGPTError(f"{directory.parent}: the sentinel ids {mcfg.fim_tokens} do not follow the tokenizer's "
+                             f"{tok.text_vocab_size} ids", "use the tokenizer the model was trained with")
+    return tok
 
 
 def _load_hf_folder(folder: Path, cfg: dict[str, Any], weights: str, device: str | torch.device,
@@ -263,5 +277,5 @@ def _load_hf_folder(folder: Path, cfg: dict[str, Any], weights: str, device: str
     mcfg = model_config_from_dict({k: v for k, v in cfg.items() if k in names})
     state = weights_of(read_weights(folder), HF_WEIGHTS)
     model = _built(mcfg, state, f"{folder}/model.safetensors", device, dtype)
-    return Loaded(model=model, tokenizer=_tokenizer(cfg.get("tokenizer"), folder), config=mcfg,
+    return Loaded(model=model, tokenizer=_tokenizer(cfg.get("tokenizer"), folder, mcfg), config=mcfg,
                   step=int(cfg.get("training_step") or 0), path=folder, weights=stored, meta=cfg)

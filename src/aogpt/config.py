@@ -64,6 +64,9 @@ class ModelConfig:
     n_kv_head: int = bounded(0, ge=0, le=1024)  # key/value heads (grouped-query attention); 0: n_head
     qkv_bias: bool | None = None  # biases of the q/k/v projection; None: as `bias`
     mlp_bias: bool | None = None  # biases of the MLP; None: as `bias`
+    # A left-to-right model trained to fill in the middle (`aogpt.data.fim`, train.fim_rate): its sentinel ids
+    # [end, prefix, suffix, middle], right after the tokenizer's own; None for every other model.
+    fim_tokens: list[int] | None = None
 
     @property
     def head_dim(self) -> int:
@@ -104,7 +107,20 @@ class ModelConfig:
             raise AOGPTError("target input-concat needs an even n_embd", "change n_embd")
         if self.tie_head and self.head_bias:
             raise AOGPTError("a tied output head has no bias in this model", "set head_bias false")
+        if self.fim_tokens is not None:
+            self._check_fim()
         return self
+
+    def _check_fim(self) -> None:
+        fam = family(self.variant)
+        if fam.any_order or not fam.causal:
+            raise AOGPTError(f"variant {self.variant} reads in other orders than left to right, so fill-in-the-middle "
+                             "rows mean nothing to it", "train fill in the middle with variant gpt")
+        ids = self.fim_tokens or []
+        if len(ids) != 4 or len(set(ids)) != 4 or not all(isinstance(i, int) and 0 <= i < self.vocab_size
+                                                           for i in ids):
+            raise AOGPTError(f"fim_tokens must be 4 distinct ids below the vocabulary size {self.vocab_size}, "
+                             f"got {ids}", "leave model.fim_tokens to aogpt train --fim-rate")
 
 
 STEPS_MAX = 10**9  # steps, intervals and warmups: more would run for years
@@ -166,6 +182,10 @@ class TrainConfig:
     ckpt_interval: int = bounded(500, ge=1, le=STEPS_MAX)
     keep_last: int = bounded(2, ge=0, le=10**6)  # 0: keep every checkpoint
     seed: int = bounded(1337, ge=0, le=SEED_MAX)
+    # Fill in the middle (`aogpt.data.fim`, a left-to-right model only): the share of training rows rearranged as
+    # prefix / suffix / middle with sentinel tokens (0: none), and the share of those in SPM rather than PSM order.
+    fim_rate: float = bounded(0.0, ge=0, le=1)
+    fim_spm_rate: float = bounded(0.5, ge=0, le=1)
     device: str = "auto"
     dtype: str = "auto"  # auto: bf16 autocast on hardware with bf16 units, else fp32 (precision.auto_precision)
     compile: str = "auto"  # auto, on or off: torch.compile the training step (aogpt.compiling decides auto)

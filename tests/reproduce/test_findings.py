@@ -28,13 +28,19 @@ def test_checks_read_only_what_the_finding_provides(key):
 
 @pytest.mark.parametrize("scale", [QUICK, DEFAULT], ids=["quick", "default"])
 def test_every_run_has_a_valid_config_of_the_same_size(scale):
-    sizes = set()
+    """Every model of a comparison: the same size, batch and steps; the infilling finding's runs have
+    their own context and two budgets, each shared by its three models (equal tokens)."""
+    sizes: dict = {}
     for spec in RUNS.values():
-        mc, tc = configs(spec, scale, vocab_size=320, seed=1)
+        mc, tc = configs(spec, scale, vocab_size=320, seed=1, text_vocab=257)
         make_order_sampler(tc.order)
-        sizes.add((mc.n_layer, mc.n_embd, mc.n_head, mc.block_size, tc.batch_size, tc.max_steps))
+        sizes.setdefault(spec.infill_budget, set()).add((mc.n_layer, mc.n_embd, mc.n_head, mc.block_size,
+                                                         tc.batch_size, tc.max_steps))
         assert tc.eval_interval * scale.evals == tc.max_steps
-    assert len(sizes) == 1  # every model of the command: same size, batch and steps
+        assert (mc.fim_tokens is not None) == (spec.fim_rate > 0) and tc.fim_rate == spec.fim_rate
+    assert all(len(s) == 1 for s in sizes.values()) and set(sizes) == {None, 0, 1}
+    (standard,), (small,), (large,) = sizes[None], sizes[0], sizes[1]
+    assert small[3] == large[3] == scale.infill_block_size and large[5] == 3 * small[5] == 3 * standard[5]
 
 
 def test_aliases_point_at_findings():

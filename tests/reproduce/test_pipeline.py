@@ -16,7 +16,7 @@ from aogpt.reproduce.scale import QUICK
 def test_a_budget_is_timed_once_and_then_fixed(tmp_path, monkeypatch):
     calls = []
 
-    def fake_budget(plan, data, minutes):
+    def fake_budget(plan, data, minutes, jobs=1):
         calls.append(minutes)
         return 48, {"seconds_per_step_all_runs": 0.5}
 

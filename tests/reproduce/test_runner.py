@@ -117,6 +117,7 @@ def test_budget_picks_the_steps_from_measured_times(tmp_path, bytes_data, monkey
 
 def test_finding_names_and_aliases():
     assert resolve_findings(None)[0] == "f1" and "orders" in resolve_findings([])
+    assert "infill" not in resolve_findings(None) and resolve_findings(["fim"]) == ("infill",)  # only when named
     assert resolve_findings(["fig9", "1", "F1"]) == ("f1", "adaln-ema")
     with pytest.raises(AOGPTError, match="unknown finding"):
         resolve_findings(["f99"])
@@ -136,7 +137,7 @@ def test_recipe_findings_run_three_seeds_and_the_others_one(tmp_path):
     from aogpt.reproduce.scale import DEFAULT
 
     seeds = tuple(range(7, 7 + DEFAULT.seeds))
-    plan = make_plan(tmp_path, DEFAULT, seeds, tuple(FINDINGS), 320, recipe_only=True)
+    plan = make_plan(tmp_path, DEFAULT, seeds, tuple(FINDINGS), 320, recipe_only=True, text_vocab=257)
     recipe_runs = {k for f in RECIPE for k in FINDINGS[f].runs}
     other_runs = {k for f in FINDINGS for k in FINDINGS[f].runs} - recipe_runs
     by_key: dict[str, list[int]] = {}
@@ -151,7 +152,7 @@ def test_recipe_findings_run_three_seeds_and_the_others_one(tmp_path):
         for key in FINDINGS[f].runs:  # every run a finding pairs over exists at each of its seeds
             assert all(sub.run(key, s) for s in sub.seeds)
     assert plan.for_analysis("ensemble").seeds == (7,) and plan.for_analysis("genppl").seeds == (7,)
-    every = make_plan(tmp_path, DEFAULT, seeds, tuple(FINDINGS), 320)  # --seeds N: every finding at N seeds
+    every = make_plan(tmp_path, DEFAULT, seeds, tuple(FINDINGS), 320, text_vocab=257)  # --seeds N: all at N
     assert len(every.runs) == 3 * len(recipe_runs | other_runs) and every.for_finding("f6").seeds == seeds
 
 

@@ -264,6 +264,7 @@ def _held_out(spec: str, loaded: Any) -> tuple[np.ndarray, dict]:
 def _infill(args: argparse.Namespace, sets: list[str], device: torch.device, dtype: torch.dtype) -> int:
     """`aogpt eval --infill`: the same cuts for the checkpoint and every --compare (docs/evaluation.md)."""
     from aogpt.checkpoint import load
+    from aogpt.data.fim import SENTINELS, sentinels_of
     from aogpt.evaluation import infill
     from aogpt.evaluation.infill import calibration_cuts, make_cuts, score_cuts, summarize
     from aogpt.families import family_of
@@ -278,13 +279,15 @@ def _infill(args: argparse.Namespace, sets: list[str], device: torch.device, dty
     args.cuts = args.cuts or infill.NUM_CUTS
     args.infill_context = infill.CONTEXT if args.infill_context is None else args.infill_context
     loaded = load(args.checkpoint, weights=args.weights, device=device, dtype=dtype)
-    if not family_of(loaded.model).any_order:
+    if not family_of(loaded.model).any_order and sentinels_of(loaded.model) is None:
         raise AOGPTError(f"--checkpoint is a {loaded.config.variant}, which cannot read a suffix",
-                         "pass the any-order model as --checkpoint and the left-to-right one as --compare")
+                         "pass an any-order or fill-in-the-middle model as --checkpoint, the left-to-right one "
+                         "as --compare")
     others = [load(c, weights=args.weights, device=device, dtype=dtype) for c in args.compare]
     models: dict[str, Any] = {}
     for m in [loaded, *others]:
-        label = m.config.variant if m.config.variant not in models else f"{m.config.variant} ({m.path.name})"
+        name = m.config.variant + ("-fim" if sentinels_of(m.model) is not None else "")
+        label = name if name not in models else f"{name} ({m.path.name})"
         if m is not loaded and m.meta.get("tokenizer") != loaded.meta.get("tokenizer"):
             raise AOGPTError(f"{m.path} uses tokenizer {m.meta.get('tokenizer')}, the checkpoint "
                              f"{loaded.meta.get('tokenizer')}", "compare models of the same tokenizer")
@@ -296,9 +299,11 @@ def _infill(args: argparse.Namespace, sets: list[str], device: torch.device, dty
     lengths = loaded.tokenizer.byte_lengths()
     widest = 2 * args.infill_context + max(args.span_lengths)
     for m in models.values():
-        if widest > m.config.block_size:
-            raise AOGPTError(f"windows of {widest} tokens ({args.infill_context} + span + {args.infill_context}) "
-                             f"exceed the context of {m.path} ({m.config.block_size})",
+        sentinels = SENTINELS if sentinels_of(m.model) is not None else 0  # a FIM row adds its sentinels
+        if widest + sentinels > m.config.block_size:
+            held = f" + {sentinels} fill-in-the-middle sentinels" if sentinels else ""
+            raise AOGPTError(f"windows of {widest + sentinels} tokens ({args.infill_context} + span + "
+                             f"{args.infill_context}{held}) exceed the context of {m.path} ({m.config.block_size})",
                              "use shorter --span-lengths or a smaller --infill-context")
     rows: list[dict] = []
     print(f"infill: {args.cuts} spans per length from {info['source']} (seed {args.seed}), "
@@ -321,6 +326,7 @@ def _infill(args: argparse.Namespace, sets: list[str], device: torch.device, dty
             what = r["what"] + (f" ({r['order']})" if r.get("order") else "")
             what += " [chosen on other spans]" if r["row"] == "both/best" else ""
             se = f"  (se over K={args.num_orders} orders {r['draws_se']:.4f})" if r.get("draws_se") else ""
+            se += f"  (the end token: {r['end_bpb']:.3f} of it)" if "end_bpb" in r else ""
             print(f"  {r['model']:<14} {what:<42} {r['bpb']:.3f} [{lo:.3f}, {hi:.3f}]{se}", flush=True)
         for r in block:
             if "gap_vs_both" in r:

@@ -216,6 +216,18 @@ def _infill_method(args: argparse.Namespace, template: Any) -> str | None:
     return DEFAULT_METHOD
 
 
+def _fills_middle(args: argparse.Namespace, model: Any) -> bool:
+    """Whether a fill-in-the-middle model fills the blanks (its own way: no other method or order)."""
+    from aogpt.data.fim import sentinels_of
+
+    if sentinels_of(model) is None:
+        return False
+    if args.infill_method is not None or args.order is not None or args.speculative is not None:
+        raise AOGPTError("a fill-in-the-middle model fills each gap left to right after the text on both sides",
+                         "drop --infill-method, --order and --speculative")
+    return True
+
+
 def _without_order(settings: GenerationSettings) -> GenerationSettings:
     import dataclasses
 
@@ -234,15 +246,21 @@ def _show_passage(loaded: Any, passage: Any, res: Any, shown: list[str]) -> dict
     hidden_bytes = int(sum(int(lengths[t]) for t, h in zip(passage.tokens, passage.hidden, strict=True) if h))
     fam = family_of(loaded.model)
     bpb = math.nan
-    if fam.causal and fam.one_pass_nll:  # an encoder-only MDM has no exact likelihood of the span
+    how = "given the rest of the passage, read left to right inside each gap"
+    if res.settings.get("infill_method") == "fim":
+        from aogpt.generation.fim import fim_fill_nll
+
+        bpb = float(fim_fill_nll(loaded.model, passage.tokens[None], ~passage.hidden)[0]) / hidden_bytes / math.log(2)
+        how = "each gap and its end given the text before it and the given text after it"
+    elif fam.causal and fam.one_pass_nll:  # an encoder-only MDM has no exact likelihood of the span
         nll = float(fill_nll(loaded.model, passage.tokens[None], ~passage.hidden)[0])
         bpb = nll / hidden_bytes / math.log(2)
     print(f"template:\n{passage.template}")
     for i, text in enumerate(shown):
         print(f"fill {i + 1} of {len(res.tokens)}:\n{text}")
     print(f"original:\n{passage.text}")
-    exact = (f"the model gives the original {bpb:.3f} bits/byte (exact, given the rest of the passage, read left "
-             "to right inside each gap)") if math.isfinite(bpb) else "no exact likelihood for this model"
+    exact = (f"the model gives the original {bpb:.3f} bits/byte (exact, {how})") if math.isfinite(bpb) \
+        else "no exact likelihood for this model"
     print(f"hidden words: {int(passage.hidden.sum())} tokens, {hidden_bytes} bytes; {exact}")
     return {"passage": {"template": passage.template, "original": passage.text, "hidden_tokens":
                         int(passage.hidden.sum()), "hidden_bytes": hidden_bytes, "original_bpb": bpb}}
@@ -280,8 +298,9 @@ def run(args: argparse.Namespace) -> int:
                                   tokenizer=loaded.tokenizer)
     template = args.infill if args.infill is not None else _known(args.known, args.length) if args.known else None
     passage = _passage(args, loaded.tokenizer)
-    method = _infill_method(args, template)
-    if method is not None and args.infill_method is None:
+    fim = template is not None and _fills_middle(args, loaded.model)
+    method = "fim" if fim else _infill_method(args, template)
+    if method is not None and args.infill_method is None and not fim:
         from aogpt.families import family_of
 
         method = method if family_of(loaded.model).any_order else None  # a GPT fills left to right only
@@ -291,7 +310,11 @@ def run(args: argparse.Namespace) -> int:
     bar = _LazyBar(args.no_progress)
     kwargs["progress"] = bar
     try:
-        if method is not None:
+        if fim:
+            from aogpt.generation.fim import fim_fill
+
+            res = fim_fill(loaded.model, template, length=args.length, **kwargs)
+        elif method is not None:
             from aogpt.generation.infill import fill
 
             del kwargs["settings"]
@@ -313,7 +336,8 @@ def run(args: argparse.Namespace) -> int:
               f"acceptance by draft position {rates}", file=sys.stderr)
     if method is not None:
         print(f"infilling: {res.settings['order']}" + (" (the default for --infill: docs/generation.md; "
-              "--infill-method or --order picks another)" if args.infill_method is None else ""), file=sys.stderr)
+              "--infill-method or --order picks another)" if args.infill_method is None and not fim else ""),
+              file=sys.stderr)
     texts = res.texts or []
     shown = texts if args.show is None else texts[:args.show]
     extra: dict[str, Any] = {}

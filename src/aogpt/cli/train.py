@@ -38,6 +38,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="order distribution: l2r, uniform, mixture[:P], fixed-random[:SEED], "
         "blockwise[:K[:SEED]], mallows:THETA, window:W (default per variant)",
     )
+    p.add_argument("--fim-rate", type=config_arg(TrainConfig, "fim_rate"), metavar="R",
+                   help="fill in the middle (variant gpt): the share of training rows cut into prefix, middle and "
+                   "suffix and rearranged with sentinel tokens, in [0, 1] (default 0: none; docs/training.md)")
+    p.add_argument("--fim-spm-rate", type=config_arg(TrainConfig, "fim_spm_rate"), metavar="R",
+                   help="of those rows, the share in suffix-prefix-middle order rather than prefix-suffix-middle "
+                   "(default 0.5)")
     p.add_argument("--max-steps", type=config_arg(TrainConfig, "max_steps"),
                    help="optimizer steps; the cosine schedule ends here")
     p.add_argument("--max-minutes", type=config_arg(TrainConfig, "max_minutes"),
@@ -149,6 +155,10 @@ def _print_plan(plan: Any) -> None:
     if curriculum.stages:
         orders = f"orders: {curriculum.spec} (step@end), then {curriculum.final.spec}"
     print(f"{orders}; {schedule.describe()}", flush=True)
+    if tc.fim_rate > 0:
+        print(f"fill in the middle: {100 * tc.fim_rate:g}% of the rows cut into prefix, middle and suffix ("
+              f"{100 * tc.fim_spm_rate:g}% of them in suffix-prefix-middle order), sentinel ids {mc.fim_tokens}",
+              flush=True)
     if plan.recipe_why:
         print(plan.recipe_why, flush=True)
     if describe_recipe(tc):

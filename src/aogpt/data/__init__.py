@@ -10,6 +10,7 @@ Modules, in dependency order (each imports only modules above it; tests/test_str
 * `shards`: tokenizing documents in worker processes into sharded token files, resumably.
 * `prepared`: `prepare` (a corpus -> a prepared directory) and `PreparedData` (batches from it).
 * `zeroshot`: the SEDD/MDLM zero-shot evaluation sets: loaders, detokenizers, packing into blocks.
+* `fim`: fill in the middle: the sentinel tokens, the PSM/SPM transformation of training rows.
 
 The common entry points are re-exported here (``from aogpt.data import prepare, PreparedData,
 load_tokenizer, load_corpus``), each imported on first use: ``import aogpt.data.shards`` (what a spawned

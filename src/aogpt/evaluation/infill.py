@@ -31,6 +31,16 @@ MDM would give an ELBO here). The span can be read
 Beside it, the span *given the prefix only*: the window cut after the span, read left to right
 (what a GPT sees), for the same model and, via `compare`, for a left-to-right model.
 
+**A fill-in-the-middle GPT** (`aogpt.data.fim`) is given both sides the way it was trained: the row
+``PREFIX prefix SUFFIX suffix MIDDLE span END`` (PSM), read left to right in one causal pass. Its
+row ``fim/psm`` is the sum of the span tokens' losses *and of the END token's*, i.e. exactly
+-log p(the gap holds the span and nothing more | prefix, suffix): the model's chain of conditionals
+over every possible fill (any length, closed by END) is a normalised law, and this is the probability
+it gives the fill that is there. Without the END term it would be the probability that the fill
+*begins* with the span. The END term is kept beside it (`InfillScores.end_nll`): what telling where
+the gap closes costs. (An any-order model is told the span's length by the positions it reads;
+the FIM model is not, so its number also pays for the length: it is conservative by that much.)
+
 **Bits per byte** per span: its NLL in bits over the UTF-8 bytes of its tokens. Results are mean
 bits per byte over spans with a 95% Student-t interval over spans (`aogpt.stats`), and gaps between
 rows are paired over the same spans.
@@ -48,6 +58,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from aogpt.data.fim import SENTINELS, arrange, sentinels_of
 from aogpt.errors import AOGPTError
 from aogpt.evaluation.evaluate import conditional_logprobs
 from aogpt.families import family_of, unwrap
@@ -60,6 +71,8 @@ SPAN_LENGTHS = (8, 32, 64)
 CONTEXT = 32  # tokens of prefix and of suffix around every span
 NUM_CUTS = 64
 ROWS = ("both/l2r", "both/random", "both/adaptive", "both/best", "prefix/l2r")  # what is scored, see `score_cuts`
+FIM_ROW = "fim/psm"  # a fill-in-the-middle GPT given both sides (module docstring)
+BOTH_SIDES = ("both/best", FIM_ROW)  # the rows given both sides that the gaps are measured against
 CALIBRATION_CUTS = 16  # spans per length on which the model's own order is chosen (`choose_order`)
 
 
@@ -144,6 +157,29 @@ def span_nll(model: nn.Module, windows: torch.Tensor, context: int, length: int,
 
 
 @torch.inference_mode()
+def fim_span_nll(model: nn.Module, windows: torch.Tensor, context: int, length: int,
+                 mode: str = "psm") -> tuple[torch.Tensor, torch.Tensor]:
+    """A fill-in-the-middle model given both sides (module docstring): (-log p(span tokens | prefix,
+    suffix), -log p(END | prefix, suffix, span)) per window, (B,) each, float64, from one causal pass
+    over ``PREFIX prefix SUFFIX suffix MIDDLE span END`` (`mode` spm: ``PREFIX SUFFIX suffix MIDDLE
+    prefix span END``). Their sum is -log p(the gap holds exactly the span | prefix, suffix)."""
+    model = unwrap(model)
+    sentinels = sentinels_of(model)
+    if sentinels is None:
+        raise AOGPTError(f"{model.config.variant} model was not trained to fill in the middle",
+                         "score it with the prefix only, or train it with --fim-rate")
+    if mode not in ("psm", "spm"):
+        raise AOGPTError(f"unknown fill-in-the-middle mode {mode!r}", "use psm or spm")
+    idx = windows.to(next(model.parameters()).device, torch.long)
+    B = idx.shape[0]
+    lo = torch.full((B,), context, dtype=torch.long)
+    rows = arrange(idx, lo, lo + length, torch.full((B,), mode == "spm"), sentinels)
+    losses = family_of(model).order_nll(model, rows, None).double()
+    first = 2 * context + SENTINELS - 1  # both layouts put the span right after MIDDLE (index 2C + 2)
+    return losses[:, first:first + length].sum(1), losses[:, first + length]
+
+
+@torch.inference_mode()
 def adaptive_span_nll(model: nn.Module, windows: torch.Tensor, context: int, length: int,
                       policy: str = "confidence") -> tuple[torch.Tensor, torch.Tensor]:
     """Exact -log p(span | prefix, suffix) with the span read in the model's adaptive order (B,), and
@@ -188,6 +224,7 @@ class InfillScores:
     random_draws: list[list[float]] = field(default_factory=list)
     bytes: list[int] = field(default_factory=list)
     best_order: str | None = None  # the order of ``both/best``
+    end_nll: list[float] = field(default_factory=list)  # ``fim/psm``: the END token's share of each span's NLL
     adaptive_order: str | None = None  # the adaptive order of ``both/adaptive``
     seconds: float = 0.0
 
@@ -227,8 +264,11 @@ def score_cuts(model: nn.Module, cuts: Cuts, *, num_orders: int = 4, best: str =
     on `calibration` (without calibration spans: the adaptive order). progress: ``update(n)`` per batch."""
     model = unwrap(model)
     fam = family_of(model)
-    if cuts.windows.shape[1] > model.config.block_size:
-        raise AOGPTError(f"infill windows of {cuts.windows.shape[1]} tokens exceed the model's context of "
+    fim = sentinels_of(model) is not None
+    width = cuts.windows.shape[1] + (SENTINELS if fim else 0)
+    if width > model.config.block_size:
+        held = f" (the window and {SENTINELS} fill-in-the-middle sentinels)" if fim else ""
+        raise AOGPTError(f"infill windows of {width} tokens{held} exceed the model's context of "
                          f"{model.config.block_size}", "use shorter spans or less context (--infill-context)")
     if int(cuts.windows.max()) >= model.config.vocab_size:
         raise AOGPTError("the held-out text holds ids outside the model's vocabulary",
@@ -238,14 +278,18 @@ def score_cuts(model: nn.Module, cuts: Cuts, *, num_orders: int = 4, best: str =
     t0 = time.perf_counter()
     was_training = model.training
     model.eval()
-    out = InfillScores(cuts.length, {r: [] for r in (ROWS if fam.any_order else ROWS[-1:])},
-                       adaptive_order=best if fam.any_order else None)
+    rows = ROWS if fam.any_order else (ROWS[-1], FIM_ROW) if fim else ROWS[-1:]
+    out = InfillScores(cuts.length, {r: [] for r in rows}, adaptive_order=best if fam.any_order else None)
     L, C = cuts.length, cuts.context
     gens = [torch.Generator().manual_seed(draw_seed(seed, "infill-orders", L, k)) for k in range(num_orders)]
     draws: list[list[torch.Tensor]] = [[] for _ in range(num_orders)]
     try:
         for chunk in cuts.windows.split(batch_size):
             out.nll["prefix/l2r"] += span_nll(model, chunk, C, L, sides="prefix").tolist()
+            if fim:
+                span, end = fim_span_nll(model, chunk, C, L)
+                out.nll[FIM_ROW] += (span + end).tolist()
+                out.end_nll += end.tolist()
             if fam.any_order:
                 out.nll["both/l2r"] += span_nll(model, chunk, C, L).tolist()
                 for k, g in enumerate(gens):
@@ -272,17 +316,18 @@ def score_cuts(model: nn.Module, cuts: Cuts, *, num_orders: int = 4, best: str =
 
 ROW_NAMES = {"both/l2r": "both sides, span left to right", "both/random": "both sides, span in K random orders",
              "both/adaptive": "both sides, span in an adaptive order", "both/best": "both sides, the model's own order",
-             "prefix/l2r": "prefix only, left to right"}
+             "prefix/l2r": "prefix only, left to right", FIM_ROW: "both sides, fill in the middle + end"}
 
 
 def summarize(scores: dict[str, InfillScores]) -> list[dict[str, Any]]:
     """Rows of bits per byte over spans with 95% intervals, per model label and row; plus, for a
-    span length, the paired gaps that the claims read (each model's prefix-only row minus the first
-    any-order model's best both-sides row). `scores`: label -> scores on the same cuts."""
+    span length, the paired gaps that the claims read (each model's prefix-only row, and another
+    fill-in-the-middle model's row, minus the anchor: the first any-order model's best both-sides row,
+    or without one the first fill-in-the-middle row). `scores`: label -> scores on the same cuts."""
     out: list[dict[str, Any]] = []
-    anchor = next(((lab, s) for lab, s in scores.items() if "both/best" in s.nll), None)
+    anchor = next(((lab, s, r) for r in BOTH_SIDES for lab, s in scores.items() if r in s.nll), None)
     for label, s in scores.items():
-        for row in (r for r in ROWS if r in s.nll):
+        for row in (r for r in (*ROWS, FIM_ROW) if r in s.nll):
             est = mean_interval(s.bpb(row))
             entry: dict[str, Any] = {"model": label, "length": s.length, "row": row, "what": ROW_NAMES[row],
                                      "bpb": est.value, "bpb_ci95": [est.low, est.high], "spans": est.n,
@@ -294,9 +339,14 @@ def summarize(scores: dict[str, InfillScores]) -> list[dict[str, Any]]:
             if row == "both/random" and len(s.random_draws) > 1:  # Monte-Carlo error over the K draws
                 per = [float(np.sum(d)) / sum(s.bytes) / math.log(2) for d in s.random_draws]
                 entry["draws_se"] = float(np.std(per, ddof=1) / math.sqrt(len(per)))
-            if anchor is not None and row == "prefix/l2r":
-                gap = difference(s.bpb(row), anchor[1].bpb("both/best"))
-                entry["gap_vs_both"] = _gap(gap, f"{label} prefix only - {anchor[0]} both sides (own order)")
+            if row == FIM_ROW:
+                entry["end_bpb"] = float(np.mean([n / b / math.log(2) for n, b in zip(s.end_nll, s.bytes,
+                                                                                         strict=True)]))
+            if anchor is not None and row in ("prefix/l2r", FIM_ROW) and (label, row) != (anchor[0], anchor[2]):
+                gap = difference(s.bpb(row), anchor[1].bpb(anchor[2]))
+                how = "prefix only" if row == "prefix/l2r" else "both sides (fill in the middle)"
+                ref = "own order" if anchor[2] == "both/best" else "fill in the middle"
+                entry["gap_vs_both"] = _gap(gap, f"{label} {how} - {anchor[0]} both sides ({ref})")
             out.append(entry)
     return out
 

@@ -13,4 +13,5 @@
     encoder.py       the encoder-only MDM's reverse process, in a fixed or an adaptive order
     infill.py        infilling methods (an order, or the best of D drafts scored exactly), passages with
                      [[hidden words]], the filled words a word check counts
+    fim.py           infilling with a fill-in-the-middle GPT: each gap after its prefix and suffix
 """

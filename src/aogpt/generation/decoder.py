@@ -244,7 +244,7 @@ class DecoderSampler:
                  settings: GenerationSettings, teacher: torch.Tensor | None = None, record: bool = False):
         B, n = chain.shape
         dev = chain.device
-        m = known.numel()
+        m = known.shape[-1]  # known (m,) shared by the batch, or (B, m) one row per sequence
         self.model, self.B, self.n, self.chain = model, B, n, chain
         self.teacher = None if teacher is None else teacher.reshape(-1)
         # content of chain slot i is ychain[:, i] (start = -1); column n + 1 is a write sink

@@ -177,7 +177,8 @@ def _resolve(model: torch.nn.Module, settings: GenerationSettings | None, overri
     batch_size = min(num_samples, settings.batch_size)
     order_arg = plan_cfg.order if plan_cfg.order is not None else (None if fam.any_order else "l2r")
     order = resolve_order("l2r" if adaptive else order_arg, num_samples, n)  # adaptive: known positions first
-    vocab_limit = getattr(tokenizer, "vocab_size", None)
+    # ids a sampler may draw: the tokenizer's text ids (a fill-in-the-middle tokenizer's sentinels excluded)
+    vocab_limit = getattr(tokenizer, "text_vocab_size", getattr(tokenizer, "vocab_size", None))
     if vocab_limit is not None and vocab_limit > model.config.vocab_size:
         raise AOGPTError(f"tokenizer has {vocab_limit} ids but the model only {model.config.vocab_size}",
                          "use the tokenizer the model was trained with")

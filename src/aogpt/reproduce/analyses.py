@@ -1,5 +1,6 @@
-"""The measurements beyond training curves: ensembles (Finding 6), generation perplexity (Finding 8.2)
-and the generation benchmark (Findings 7 / 8.1), each on the trained runs of one seed.
+"""The measurements beyond training curves: ensembles (Finding 6), generation perplexity (Finding 8.2),
+the generation benchmark (Findings 7 / 8.1) and infilling (`aogpt.reproduce.infill`), each on the
+trained runs of one seed.
 
 Each analysis returns ``{"units": ..., "values": {key: {"values": [...], "group": ...}}, "extra":
 {...}}``: per key, one value per unit (a held-out sequence, a generated sample, a timing repeat).
@@ -20,7 +21,7 @@ import torch
 
 from aogpt.io import ensure_writable_dir, read_json, write_json
 from aogpt.progress import progress
-from aogpt.reproduce.findings import ANNEALING, ENSEMBLE_SIZES
+from aogpt.reproduce.findings import ANNEALING, ENSEMBLE_SIZES, FINDINGS
 from aogpt.reproduce.runner import Plan
 from aogpt.stats import json_safe
 
@@ -135,7 +136,8 @@ def speed(plan: Plan, out: Path, vocab_size: int, device: str = "cpu", seed: int
     return {"units": "timing rounds", "values": values, "extra": extra}
 
 
-ANALYSES = {"ensemble": ("mixture", "encoder"), "genppl": ("mixture", "encoder", "l2r"), "speed": ()}
+ANALYSES = {"ensemble": ("mixture", "encoder"), "genppl": ("mixture", "encoder", "l2r"), "speed": (),
+            "infill": FINDINGS["infill"].runs}
 FORMAT = 2  # of the cached results: a change of what an analysis stores recomputes it
 
 
@@ -168,6 +170,10 @@ def run_analysis(plan: Plan, name: str, data: Any, device: str = "cpu", show_pro
             result = ensemble(plan, data, seed, device, show_progress)
         elif name == "genppl":
             result = genppl(plan, data, seed, device, show_progress)
+        elif name == "infill":
+            from aogpt.reproduce.infill import infill
+
+            result = infill(plan, data, seed, device, show_progress)
         else:
             result = speed(plan, folder / "speed", int(data.tokenizer.padded_vocab_size), device, plan.seeds[0],
                            show_progress)

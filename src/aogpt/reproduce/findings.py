@@ -32,6 +32,8 @@ class RunSpec:
     order: str = "mixture:0.1"
     target: str | None = None
     ema: str = "0.9999"
+    fim_rate: float = 0.0  # fill in the middle (a left-to-right GPT only; `aogpt.data.fim`)
+    infill_budget: int | None = None  # the infilling finding's runs: which of `Scale.infill_budgets` (None: others)
 
 
 def _runs(*specs: RunSpec) -> dict[str, RunSpec]:
@@ -39,6 +41,18 @@ def _runs(*specs: RunSpec) -> dict[str, RunSpec]:
 
 
 MALLOWS_THETAS = (0.03, 0.1, 0.3, 1.0)
+# The infilling finding (`aogpt.reproduce.infill`): its models (key, label, variant, order, FIM rate), its two
+# budgets (`Scale.infill_budgets`) and span lengths.
+INFILL_MODELS = (("aogpt", "AO-GPT (AO-GPT's orders)", "aogpt", "mixture:0.1", 0.0),
+                 ("fim", "GPT-FIM (fill in the middle, rate 0.5)", "gpt", "l2r", 0.5),
+                 ("gpt", "GPT (left to right)", "gpt", "l2r", 0.0))
+INFILL_BUDGET_NAMES = ("smaller", "larger")
+INFILL_LENGTHS = (8, 32, 64)
+
+
+def infill_key(model: str, sides: str, length: int, budget: int) -> str:
+    """The infilling analysis's name for one number: ``aogpt both L=8 smaller``, ``gpt prefix L=64 larger``."""
+    return f"{model} {sides} L={length} {INFILL_BUDGET_NAMES[budget]}"
 
 # The decoder of the order studies is AO-GPT's block stack with AO-GPT's EMA. Every run in orders other
 # than left to right or one fixed order starts as the library recommends for any-order training
@@ -64,6 +78,11 @@ RUNS: dict[str, RunSpec] = _runs(
     RunSpec("sigma-adaln-ema", "sigma-GPT + adaLN + EMA", variant="sigma", order="uniform", target="adaln"),
     # the encoder-only masked diffusion model, same size, same recipe
     RunSpec("encoder", "encoder-only MDM", variant="encoder-mdm", order="uniform"),
+    # the infilling finding: AO-GPT, a fill-in-the-middle GPT and a GPT, on equal tokens at each of two budgets,
+    # with a context that holds a 64-token span and its two sides
+    *(RunSpec(f"infill-{model}-{b}", f"{label}, {INFILL_BUDGET_NAMES[b]} budget", variant=variant, order=order,
+              fim_rate=rate, infill_budget=b)
+      for b in range(len(INFILL_BUDGET_NAMES)) for model, label, variant, order, rate in INFILL_MODELS),
 )
 
 
@@ -273,15 +292,38 @@ FINDINGS: dict[str, Finding] = {f.key: f for f in (
         panels=(Panel("l2r", "Left-to-Right"), Panel("any", "Any-Order")),
         notes="Mallows orders P(sigma) ~ exp(-theta * inversions): theta = 0 is uniform, theta -> infinity "
               "left to right."),
+    Finding(
+        "infill", "Infilling: AO-GPT against a fill-in-the-middle GPT",
+        "(Not a claim of the paper; its case for any-order models.) A model that reads any order fills a gap "
+        "given the text on both sides. What a user would otherwise pick is a left-to-right GPT trained to fill "
+        "in the middle (Bavarian et al. 2022): the any-order model's case is made only if it fills gaps better "
+        "than that, given the same text and trained on as many tokens.",
+        runs=tuple(f"infill-{m[0]}-{b}" for b in range(len(INFILL_BUDGET_NAMES)) for m in INFILL_MODELS),
+        analyses=("infill",),
+        checks=tuple(Check(f"AO-GPT given both sides beats GPT-FIM given both sides ({n} tokens, "
+                           f"{INFILL_BUDGET_NAMES[b]} budget)",
+                           value("infill", infill_key("aogpt", "both", n, b)),
+                           value("infill", infill_key("fim", "both", n, b)),
+                           unit="bits/byte")
+                     for b in range(len(INFILL_BUDGET_NAMES)) for n in INFILL_LENGTHS),
+        notes="Bits per byte of held-out spans of 8, 32 and 64 tokens (bytes) with the same context on each side, "
+              "the same spans for every model and seed. AO-GPT reads the sides, then the span in its own order "
+              "(left to right or its confidence order, chosen on other spans); GPT-FIM reads prefix, suffix, then "
+              "the span and its end token (the probability that the gap holds exactly the span); GPT reads the "
+              "prefix only. The three are trained on equal tokens (the same steps, batch and context) at two "
+              "budgets; the left-to-right price of each is its validation loss against the GPT's."),
 )}
 
 # The training-recipe findings: claims about how to train, decided over seeds by default (one run per model
 # cannot tell a recipe's effect from a lucky seed). The others measure trained models (ensembles, samples,
 # speed, the sweep) and run on the first seed.
-RECIPE = ("f1", "f2", "f3", "injection", "ema", "adaln-ema")
+RECIPE = ("f1", "f2", "f3", "injection", "ema", "adaln-ema", "infill")
+# Findings run only when named (`aogpt reproduce infill`): their cost would take the default past its hour
+# (docs/reproduce.md, "The infilling finding").
+OPTIONAL = ("infill",)
 
 # Aliases users may type for a finding.
 ALIASES = {"1": "f1", "2": "f2", "2.1": "f2", "2.2": "f2", "3": "f3", "3.1": "f3", "3.2": "f3", "6": "f6",
            "7": "speed", "8.1": "speed", "8.2": "genppl", "fig2": "f1", "fig3a": "f2", "fig3b": "f3",
            "fig4": "f6", "fig5": "speed", "fig7": "injection", "fig8": "ema", "fig9": "adaln-ema",
-           "table1": "genppl", "mallows": "orders"}
+           "table1": "genppl", "mallows": "orders", "fim": "infill", "infilling": "infill"}

@@ -81,6 +81,10 @@ def _extra(f: dict[str, Any]) -> list[str]:
                   *_table(["steps T", "AO-GPT s", "encoder s", "GPT s", "AO-GPT slots", "encoder slots"], rows),
                   f"AO-GPT's speed-up over the encoder at T = n: {_num(f['speedup_at_n'], 2)}x "
                   f"({f['rounds']} interleaved timing rounds).", ""]
+    if f["key"] == "infill":
+        from aogpt.reproduce.infill import markdown
+
+        lines += markdown(f)
     if f["key"] == "orders":
         rows = [[r["label"], f"`{r['order']}`", r["theta"], _num(r["l2r"]), _num(r["any"])] for r in f["sweep"]]
         lines += ["Final NLL per token of each trained model (mean [95% interval]):", "",

@@ -10,6 +10,7 @@ A second `reproduce` into a DIR another one is working in is refused (`aogpt.io.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +28,8 @@ from aogpt.reproduce.scale import DEFAULT, QUICK, Scale
 PLAN_FILE = "plan.json"
 
 
-def resolve_scale(out: Path, base: Scale, request: dict[str, Any], plan_for_budget: Any, data: Any) -> Scale:
+def resolve_scale(out: Path, base: Scale, request: dict[str, Any], plan_for_budget: Any, data: Any,
+                  jobs: int = 1) -> Scale:
     """The stored scale of DIR if the request matches it; else a new one (timed for a budget)."""
     path = out / PLAN_FILE
     if path.is_file():
@@ -39,12 +41,12 @@ def resolve_scale(out: Path, base: Scale, request: dict[str, Any], plan_for_budg
     scale, timing = base, None
     if request["budget_minutes"] is not None:
         try:
-            steps, timing = fit_budget(plan_for_budget(base), data, request["budget_minutes"])
+            steps, timing = fit_budget(plan_for_budget(base), data, request["budget_minutes"], jobs=jobs)
         except AOGPTError:
             if base.seeds == 1 or request.get("seeds") is not None:
                 raise
             base = base.with_seeds(1)  # the budget does not allow several seeds: one, and the report says so
-            steps, timing = fit_budget(plan_for_budget(base), data, request["budget_minutes"])
+            steps, timing = fit_budget(plan_for_budget(base), data, request["budget_minutes"], jobs=jobs)
         scale = base.with_steps(steps)
     write_json(path, {"request": request, "scale": scale.to_dict(), "budget_timing": timing})
     return scale
@@ -52,16 +54,22 @@ def resolve_scale(out: Path, base: Scale, request: dict[str, Any], plan_for_budg
 
 def reproduce(out: Path | str, findings: Sequence[str] | None = None, *, seeds: int | None = None,
               seed: int = 1337, quick: bool = False, budget_minutes: float | None = None, device: str = "cpu",
-              show_progress: bool = True) -> dict[str, Any]:
-    """Run the experiments behind `findings` (default all, see `aogpt.reproduce.findings.FINDINGS`)
-    and write DIR/report.{md,json}; returns the report. seeds: every finding at seeds seed, seed + 1,
-    ...; None: the scale's seeds for the training-recipe findings (`findings.RECIPE`) and the first
-    for the others (`aogpt.reproduce.scale`)."""
+              show_progress: bool = True, jobs: int = 1, scale: Scale | None = None) -> dict[str, Any]:
+    """Run the experiments behind `findings` (default all but the optional ones, see
+    `aogpt.reproduce.findings.FINDINGS` and `OPTIONAL`) and write DIR/report.{md,json}; returns the
+    report. seeds: every finding at seeds seed, seed + 1, ...; None: the scale's seeds for the
+    training-recipe findings (`findings.RECIPE`) and the first for the others
+    (`aogpt.reproduce.scale`). jobs: training processes side by side (`aogpt.reproduce.jobs`).
+    scale: another `Scale` than the default (Python only; recorded in DIR/plan.json like --quick)."""
     if seeds is not None and seeds < 1:
         raise AOGPTError(f"--seeds must be at least 1, got {seeds}", "pass --seeds 1 or more")
+    if jobs < 1:
+        raise AOGPTError(f"--jobs must be at least 1, got {jobs}", "pass --jobs 1 or more")
     if budget_minutes is not None and (quick or not budget_minutes > 0):
         raise AOGPTError("--budget-minutes must be positive and cannot be combined with --quick",
                          "drop one of them")
+    if scale is not None and (quick or budget_minutes is not None):
+        raise AOGPTError("a given scale cannot be combined with --quick or --budget-minutes", "drop one of them")
     out = Path(out).expanduser()
     keys = resolve_findings(findings)
     resolve_device(device)  # an unknown device is refused before anything runs
@@ -70,20 +78,21 @@ def reproduce(out: Path | str, findings: Sequence[str] | None = None, *, seeds: 
     request = {"quick": quick, "budget_minutes": budget_minutes, "device": device}
     if seeds is not None:  # stored only when given, so that older directories keep matching
         request["seeds"] = seeds
+    if scale is not None:
+        request["scale"] = json.loads(json.dumps(scale.check().to_dict()))  # as plan.json will hold it
     # one writer per DIR: two would train the same runs twice and interleave their checkpoints
     with directory_lock(out, "aogpt reproduce", inside=True):
-        base = QUICK if quick else DEFAULT
+        base = scale or (QUICK if quick else DEFAULT)
         data = prepare_data(out, base.tokenizer, show_progress)
-        vocab = int(data.tokenizer.padded_vocab_size)
+        vocab, text_vocab = int(data.tokenizer.padded_vocab_size), int(data.tokenizer.vocab_size)
 
-        def plan_at(scale: Scale) -> Any:
-            count = scale.seeds if seeds is None else seeds
-            return make_plan(out, scale, tuple(seed + i for i in range(count)), keys, vocab, device,
-                             recipe_only=seeds is None)
+        def plan_at(at: Scale) -> Any:
+            count = at.seeds if seeds is None else seeds
+            return make_plan(out, at, tuple(seed + i for i in range(count)), keys, vocab, device,
+                             recipe_only=seeds is None, text_vocab=text_vocab)
 
-        scale = resolve_scale(out, base, request, plan_at, data)
-        plan = plan_at(scale)
-        notes = train_runs(plan, data, show_progress)
+        plan = plan_at(resolve_scale(out, base, request, plan_at, data, jobs))
+        notes = train_runs(plan, data, show_progress, jobs)
         needed = list(dict.fromkeys(a for k in keys for a in FINDINGS[k].analyses))
         analyses = {name: run_analysis(plan.for_analysis(name), name, data, device, show_progress)
                     for name in needed}

@@ -127,9 +127,14 @@ def _summary_entry(m: stats.Measurement) -> dict[str, Any]:
     return {"mean": e.value, "interval": [e.low, e.high] if math.isfinite(e.low) else None, "n": e.n, "units": e.units}
 
 
-def analysis_tables(finding: Finding, lookup: Any, analyses: dict[str, Any]) -> dict[str, Any]:
+def analysis_tables(finding: Finding, lookup: Any, analyses: dict[str, Any], plan: Plan | None = None
+                    ) -> dict[str, Any]:
     """The numbers behind a finding's analyses, for its tables and figure."""
     out: dict[str, Any] = {}
+    if "infill" in finding.analyses:
+        from aogpt.reproduce.infill import tables
+
+        out["infill"] = tables(plan, lookup, analyses)
     if "ensemble" in finding.analyses:
         out["table"] = {k: _summary_entry(lookup(value("ensemble", k)))
                         for k in [f"decoder M={m}" for m in ENSEMBLE_SIZES] + ["encoder"]}
@@ -181,9 +186,13 @@ def build_report(plan: Plan, analyses: dict[str, Any], *, wall_seconds: float, d
         lookup = lookup_for(sub, analyses)
         res = finding_result(sub, finding, lookup)
         res["seeds"] = list(sub.seeds)
-        res.update(analysis_tables(finding, lookup, analyses))
+        res.update(analysis_tables(finding, lookup, analyses, sub))
         png = None
-        if key == "f6":
+        if key == "infill":
+            from aogpt.reproduce.infill import figure
+
+            png = figure(res["infill"], figures / f"{key}.png")
+        elif key == "f6":
             png = ensemble_figure(res, figures / f"{key}.png")
         elif key == "genppl":
             png = genppl_figure(res, figures / f"{key}.png")
@@ -199,7 +208,7 @@ def build_report(plan: Plan, analyses: dict[str, Any], *, wall_seconds: float, d
             res["figures"] = [str(png.relative_to(plan.out))] if png else []
         results.append(res)
     report = {
-        "scale": {**plan.scale.to_dict(), "description": plan.scale.describe()},
+        "scale": {**plan.scale.to_dict(), "description": plan.scale.describe(infill="infill" in plan.findings)},
         "seeds": list(plan.seeds),
         "request": request,
         "rule": RULE,

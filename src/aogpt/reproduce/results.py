@@ -37,7 +37,7 @@ def per_batch(plan: Plan, run_key: str, seed: int, metric: str, stage: str) -> n
     validations of the first half of training ("early")."""
     run = plan.run(run_key, seed)
     records = run.batch_records()
-    key, steps, grid = metric_key(run_key, metric), plan.scale.steps, plan.scale.eval_interval
+    key, steps, grid = metric_key(run_key, metric), run.train_cfg.max_steps, run.train_cfg.eval_interval
     wanted = [steps] if stage == "final" else [s for s in range(grid, steps // 2 + 1, grid)] or [grid]
     missing = [s for s in wanted if s not in records or key not in records[s]]
     if missing:

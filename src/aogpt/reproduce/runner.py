@@ -22,6 +22,7 @@ import dataclasses
 import json
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,11 +113,12 @@ class Plan:
 
 
 def resolve_findings(names: list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
-    """Finding keys in their canonical order (all of them when none are named); aliases accepted."""
-    from aogpt.reproduce.findings import ALIASES
+    """Finding keys in their canonical order (when none are named, all but the optional ones,
+    `findings.OPTIONAL`, which run only when named); aliases accepted."""
+    from aogpt.reproduce.findings import ALIASES, OPTIONAL
 
     if not names:
-        return tuple(FINDINGS)
+        return tuple(k for k in FINDINGS if k not in OPTIONAL)
     wanted = set()
     for name in names:
         key = ALIASES.get(name.lower(), name.lower())
@@ -143,16 +145,17 @@ def finding_seeds(findings: tuple[str, ...], seeds: tuple[int, ...], recipe_only
 
 
 def make_plan(out: Path, scale: Scale, seeds: tuple[int, ...], findings: tuple[str, ...], vocab_size: int,
-              device: str = "cpu", recipe_only: bool = False) -> Plan:
+              device: str = "cpu", recipe_only: bool = False, text_vocab: int | None = None) -> Plan:
     """Every run the findings need (shared runs once), at every seed a finding using it has
-    (`finding_seeds`), ordered seed-major."""
+    (`finding_seeds`), ordered seed-major. `text_vocab`: the tokenizer's own ids (a fill-in-the-middle
+    run's sentinels follow them)."""
     keys = list(dict.fromkeys(k for f in findings for k in FINDINGS[f].runs))
     plan = Plan(out, scale, seeds, findings, finding_seeds=finding_seeds(findings, seeds, recipe_only))
     for seed in seeds:
         for key in keys:
             if not any(key in FINDINGS[f].runs and seed in plan.seeds_of(f) for f in findings):
                 continue
-            mc, tc = configs(RUNS[key], scale, vocab_size, seed, device)
+            mc, tc = configs(RUNS[key], scale, vocab_size, seed, device, text_vocab)
             plan.runs.append(Run(RUNS[key], seed, out / "runs" / f"{key}-seed{seed}", mc, tc))
     return plan
 
@@ -161,7 +164,7 @@ def _check_identity(run: Run) -> str | None:
     """Make the run directory match the run: keep it, or clear one made with other settings.
     Returns a note for the user when a directory was cleared."""
     path = run.dir / "reproduce.json"
-    if path.is_file() and read_json(path, "run identity") == json.loads(json.dumps(run.identity)):
+    if path.is_file() and same_identity(read_json(path, "run identity"), json.loads(json.dumps(run.identity))):
         return None
     note = None
     if run.dir.exists():
@@ -170,6 +173,21 @@ def _check_identity(run: Run) -> str | None:
     ensure_writable_dir(run.dir)
     write_json(path, run.identity)
     return note
+
+
+def same_identity(stored: Any, current: dict[str, Any]) -> bool:
+    """Whether a run directory's stored identity is the run's: equal, but for fields added to the specs
+    and configs after it was written that still hold their defaults (a newer version's new options,
+    unused by that run)."""
+    if not isinstance(stored, dict):
+        return False
+    defaults = {"spec": asdict(RunSpec("", "")), "model": to_dict(ModelConfig()), "train": to_dict(TrainConfig())}
+    trimmed = dict(current)
+    for section, fields in defaults.items():
+        if isinstance(stored.get(section), dict) and isinstance(current.get(section), dict):
+            trimmed[section] = {k: v for k, v in current[section].items()
+                                if k in stored[section] or k not in fields or v != fields[k]}
+    return stored == trimmed
 
 
 def _record(run: Run, step: int, per_batch: dict[str, list[float]]) -> None:
@@ -184,10 +202,11 @@ def _finish(run: Run, summary: dict[str, Any]) -> None:
     write_json(run.dir / "done.json", {k: v for k, v in summary.items() if k != "plot"})
 
 
-def advance(run: Run, until: int, data: Any) -> int:
+def advance(run: Run, until: int, data: Any, stop: Callable[[], bool] | None = None) -> int:
     """Train `run` up to step `until` (resuming its newest checkpoint) and record the validation
     batches there; returns the steps trained. Raises KeyboardInterrupt after a stop signal (the
-    trainer has checkpointed)."""
+    trainer has checkpointed). `stop`: a signal came before the piece began (a worker of
+    `aogpt.reproduce.jobs`): train one step and checkpoint."""
     from aogpt.train import Trainer
 
     trainer = Trainer(run.model_cfg, run.train_cfg, data, run.dir, tokenizer=data.tokenizer, show_progress=False,
@@ -205,6 +224,8 @@ def advance(run: Run, until: int, data: Any) -> int:
         trainer.evaluate()
         _record(run, start, trainer.validation.per_batch)
     if start < until:
+        if stop is not None and stop():
+            trainer._stop_signal = "SIGINT"
         summary = trainer.fit(until)
         if summary["stopped_by"] in ("SIGINT", "SIGTERM"):
             raise KeyboardInterrupt
@@ -216,23 +237,44 @@ def advance(run: Run, until: int, data: Any) -> int:
     return trainer.step - start
 
 
-def train_runs(plan: Plan, data: Any, show_progress: bool = True) -> list[str]:
-    """Train every run of the plan, interleaved piece by piece (module docstring); returns notes."""
+def pieces(run: Run, evals: int) -> list[int]:
+    """The steps each piece of `run` trains to: its steps in `evals` equal pieces."""
+    steps = run.train_cfg.max_steps
+    return [r * steps // evals for r in range(1, evals + 1)]
+
+
+def train_runs(plan: Plan, data: Any, show_progress: bool = True, jobs: int = 1) -> list[str]:
+    """Train every run of the plan, interleaved piece by piece (module docstring), in this process or,
+    with `jobs` > 1, in that many processes side by side (`aogpt.reproduce.jobs`); returns notes."""
     notes = [n for n in (_check_identity(r) for r in plan.runs) if n]
     todo = [r for r in plan.runs if not r.done]
-    steps = plan.scale.steps
-    done_steps = sum(r.step() for r in todo)
     if not todo:
         return notes
-    piece = plan.scale.eval_interval
-    with progress(total=steps * len(todo), desc="reproduce: training", initial=done_steps, unit="step",
-                  disable=not show_progress) as bar:
-        for until in range(piece, steps + 1, piece):
-            for run in todo:
-                if run.done:
+    total, done_steps = sum(r.train_cfg.max_steps for r in todo), sum(r.step() for r in todo)
+    evals = plan.scale.evals
+    pool = None
+    if jobs > 1:
+        from aogpt.reproduce.jobs import Pool, threads_per_job
+
+        pool = Pool(Path(data.directory), jobs, threads_per_job(jobs))
+    try:
+        with progress(total=total, desc="reproduce: training", initial=done_steps, unit="step",
+                      disable=not show_progress) as bar:
+            for r in range(evals):
+                round_ = [(run, pieces(run, evals)[r]) for run in todo if not run.done]
+                if pool is None:
+                    for run, until in round_:
+                        bar.set_postfix_str(f"{run.name} to step {until}")
+                        bar.update(advance(run, until, data))
                     continue
-                bar.set_postfix_str(f"{run.name} to step {until}")
-                bar.update(advance(run, until, data))
+                from aogpt.reproduce.jobs import cost
+
+                bar.set_postfix_str(f"round {r + 1} of {evals}, {jobs} processes")
+                round_.sort(key=lambda item: -cost(item[0]))
+                pool.run_round(advance, round_, lambda run, steps: bar.update(steps))
+    finally:
+        if pool is not None:
+            pool.close()
     return notes
 
 
@@ -259,14 +301,24 @@ def time_per_step(plan: Plan, data: Any, steps: int = 3) -> dict[str, float]:
     return seen
 
 
-def fit_budget(plan: Plan, data: Any, minutes: float, analysis_share: float = 0.15) -> tuple[int, dict[str, Any]]:
+def fit_budget(plan: Plan, data: Any, minutes: float, analysis_share: float = 0.15,
+               jobs: int = 1) -> tuple[int, dict[str, Any]]:
     """The most steps (a multiple of the scale's evaluations) that train every run of the plan in
     `minutes`, keeping `analysis_share` of the time for ensembles, generation and the benchmark.
-    Returns the steps and what the estimate was made of."""
-    timings = time_per_step(plan, data)
+    A run with its own budget counts its steps per step of the scale; `jobs` processes side by side
+    divide the training time by `jobs` (each timed here at one thread). Returns the steps and what the
+    estimate was made of."""
+    if jobs > 1:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+    try:
+        timings = time_per_step(plan, data)
+    finally:
+        if jobs > 1:
+            torch.set_num_threads(threads)
     per_step = sum(timings[json.dumps([to_dict(r.model_cfg), r.train_cfg.order], sort_keys=True)]
-                   for r in plan.runs)
-    validations = len(plan.runs) * plan.scale.evals * timings["validation"]
+                   * r.train_cfg.max_steps / plan.scale.steps for r in plan.runs) / jobs
+    validations = len(plan.runs) * plan.scale.evals * timings["validation"] / jobs
     seconds = minutes * 60 * (1 - analysis_share) - validations
     evals = plan.scale.evals
     steps = int(seconds / max(per_step, 1e-9)) // evals * evals
@@ -275,4 +327,4 @@ def fit_budget(plan: Plan, data: Any, minutes: float, analysis_share: float = 0.
         raise AOGPTError(f"{minutes:g} minutes are too few for {len(plan.runs)} runs on this machine",
                          f"give at least --budget-minutes {need:.0f}, or fewer findings or seeds")
     return steps, {"seconds_per_step_all_runs": per_step, "validation_seconds": timings["validation"],
-                   "threads": torch.get_num_threads()}
+                   "threads": torch.get_num_threads(), "jobs": jobs}

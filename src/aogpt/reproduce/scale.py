@@ -1,14 +1,16 @@
 """How big `aogpt reproduce` runs: model size, steps, evaluation and analysis sizes.
 
 Every run of one command has the same size, data, batch and number of steps (the budget is in
-steps, hence in tokens: results do not depend on how busy the machine is). `DEFAULT` fits in about
-an hour on two quiet CPU cores; `QUICK` is a smoke test of the whole pipeline in about a minute.
+steps, hence in tokens: results do not depend on how busy the machine is). `DEFAULT` takes about 50
+minutes of one CPU core (every distinct run timed once and extrapolated; about half with two processes
+on two cores, `--jobs 2`); `QUICK` is a smoke test of the whole pipeline in about a minute.
 `--budget-minutes` keeps the size and picks the steps from a short timing of this machine
 (`aogpt.reproduce.runner.fit_budget`).
 
 Seeds: the training-recipe findings (`aogpt.reproduce.findings.RECIPE`) run `Scale.seeds` seeds by
 default (3 at the default scale, whose steps are chosen so that their 53 runs fit the hour), the
-other findings the first seed; ``--seeds N`` runs every finding at N seeds.
+other findings the first seed; ``--seeds N`` runs every finding at N seeds. The infilling finding's runs
+have their own context (`infill_block_size`) and two budgets (`infill_budgets`, multiples of `steps`).
 
 Every any-order decoder run (uniform, mixture or Mallows orders) starts as the library recommends
 (`aogpt.config.any_order_start`: a curriculum from left to right to the run's order, the target pathway
@@ -64,6 +66,14 @@ class Scale:
     bench_batch: int = 8
     bench_steps: tuple[int, ...] = (8, 16, 32, 64)
     bench_repeats: int = 3
+    # The infilling finding (`aogpt.reproduce.infill`): a context that holds the widest span (64) with
+    # `infill_context` tokens each side and a fill-in-the-middle row's 4 sentinels, with slots to spare (a FIM
+    # middle still open in the last slot must end there: `aogpt.data.fim`); two budgets, as multiples of
+    # `steps`; the held-out spans scored per length.
+    infill_block_size: int = 128
+    infill_budgets: tuple[int, ...] = (1, 3)
+    infill_context: int = 24
+    infill_cuts: int = 64
 
     @property
     def eval_interval(self) -> int:
@@ -75,7 +85,17 @@ class Scale:
                              f"use a multiple of {self.evals}")
         if max(self.bench_steps) != self.block_size:
             raise AOGPTError("the benchmark's largest step count must be the sequence length", "fix the scale")
+        from aogpt.reproduce.findings import INFILL_BUDGET_NAMES, INFILL_LENGTHS
+
+        if len(self.infill_budgets) != len(INFILL_BUDGET_NAMES) or \
+                2 * self.infill_context + max(INFILL_LENGTHS) + 4 >= self.infill_block_size:
+            raise AOGPTError("the infilling runs need two budgets and a context longer than the widest span, its "
+                             "sides and four sentinels", "fix the scale")
         return self
+
+    def infill_steps(self, budget: int) -> int:
+        """Steps of the infilling finding's runs at `budget` (a multiple of `evals`, as `steps` is)."""
+        return self.steps * self.infill_budgets[budget]
 
     def with_steps(self, steps: int) -> Scale:
         return dataclasses.replace(self, steps=steps).check()
@@ -91,24 +111,31 @@ class Scale:
     def from_dict(data: dict[str, Any]) -> Scale:
         data = dict(data)
         data["bench_steps"] = tuple(data["bench_steps"])
+        if "infill_budgets" in data:  # absent in plans written before the infilling finding
+            data["infill_budgets"] = tuple(data["infill_budgets"])
         return Scale(**data)
 
-    def describe(self) -> str:
-        return (f"{self.n_layer} layers x {self.n_embd} wide ({self.n_head} heads), context {self.block_size}, "
+    def describe(self, infill: bool = False) -> str:
+        text = (f"{self.n_layer} layers x {self.n_embd} wide ({self.n_head} heads), context {self.block_size}, "
                 f"{self.tokenizer} tokens, batch {self.batch_size}, {self.steps} steps "
                 f"({self.tokens_per_run:,} tokens per run), {self.evals} validations of {self.eval_batches} batches")
+        if infill:
+            text += (f"; the infilling runs: context {self.infill_block_size}, "
+                     f"{' and '.join(f'{self.infill_steps(b):,}' for b in range(len(self.infill_budgets)))} steps")
+        return text
 
     def with_seeds(self, seeds: int) -> Scale:
         return dataclasses.replace(self, seeds=seeds).check()
 
 
-# 16 recipe runs x 3 seeds + 5 runs of the other findings x 1 seed = 53 runs of 1,200 steps: under an hour
-# on two cores (docs/reproduce.md, "Seeds and the budget")
+# 16 recipe runs x 3 seeds + 5 runs of the other findings x 1 seed = 53 runs of 1,200 steps: about 50 minutes of
+# one core, measured run by run (docs/reproduce.md, "What the default costs, and --jobs"); --jobs 2 on two cores
+# about half of it
 DEFAULT = Scale("default", steps=1200, seeds=3).check()
 QUICK = Scale("quick", n_layer=2, n_embd=32, n_head=2, block_size=32, batch_size=8, steps=24, evals=2,
               eval_batches=4, lr=3e-3, min_lr=3e-4, warmup_steps=4, ensemble_sequences=8, ensemble_orders=1,
               ensemble_positions=4, encoder_draws=2, gen_samples=4, bench_batch=2, bench_steps=(4, 8, 32),
-              bench_repeats=2).check()
+              bench_repeats=2, infill_cuts=8).check()
 
 
 def ema_decay(name: str, steps: int) -> float:
@@ -119,20 +146,32 @@ def ema_decay(name: str, steps: int) -> float:
     return max(0.0, 1.0 - 1.0 / horizon) if horizon > 1 else 0.0
 
 
-def configs(spec: RunSpec, scale: Scale, vocab_size: int, seed: int,
-            device: str = "cpu") -> tuple[ModelConfig, TrainConfig]:
+def configs(spec: RunSpec, scale: Scale, vocab_size: int, seed: int, device: str = "cpu",
+            text_vocab: int | None = None) -> tuple[ModelConfig, TrainConfig]:
     """The model and training configs of one run at `scale` (every run of a scale alike but for what
-    its spec changes)."""
+    its spec changes: the infilling finding's runs have their own context and budget). `text_vocab`:
+    the tokenizer's own ids, after which a fill-in-the-middle run's sentinels go (`aogpt.data.fim`)."""
+    block, steps = scale.block_size, scale.steps
+    if spec.infill_budget is not None:
+        block, steps = scale.infill_block_size, scale.infill_steps(spec.infill_budget)
+    interval = steps // scale.evals
     overrides: dict[str, Any] = dict(n_layer=scale.n_layer, n_embd=scale.n_embd, n_head=scale.n_head,
-                                     block_size=scale.block_size, vocab_size=vocab_size,
-                                     target_dim=min(128, scale.n_embd))
+                                     block_size=block, vocab_size=vocab_size, target_dim=min(128, scale.n_embd))
     if spec.target is not None:
         overrides["target"] = spec.target
+    if spec.fim_rate > 0:
+        from aogpt.data.fim import SENTINELS, Sentinels
+        from aogpt.data.tokenizer_base import pad_vocab_size
+
+        if text_vocab is None:
+            raise AOGPTError("a fill-in-the-middle run needs the tokenizer's vocabulary size", "pass text_vocab")
+        overrides.update(fim_tokens=Sentinels.after(text_vocab).to_list(),
+                         vocab_size=max(vocab_size, pad_vocab_size(text_vocab + SENTINELS)))
     mc = model_config(spec.variant, **overrides)
-    start = any_order_start(spec.order, scale.steps, mc.target) if family(spec.variant).target_position else {}
-    tc = train_config(None, spec.variant, order=spec.order, batch_size=scale.batch_size, max_steps=scale.steps,
+    start = any_order_start(spec.order, steps, mc.target) if family(spec.variant).target_position else {}
+    tc = train_config(None, spec.variant, order=spec.order, batch_size=scale.batch_size, max_steps=steps,
                       lr=scale.lr, min_lr=scale.min_lr, warmup_steps=scale.warmup_steps,
-                      ema_decay=ema_decay(spec.ema, scale.steps), eval_interval=scale.eval_interval,
-                      eval_batches=scale.eval_batches, log_interval=max(1, scale.eval_interval // 5),
-                      ckpt_interval=scale.steps + 1, keep_last=1, seed=seed, device=device, **start)
+                      ema_decay=ema_decay(spec.ema, steps), eval_interval=interval,
+                      eval_batches=scale.eval_batches, log_interval=max(1, interval // 5),
+                      ckpt_interval=steps + 1, keep_last=1, seed=seed, device=device, fim_rate=spec.fim_rate, **start)
     return mc, tc

@@ -81,6 +81,7 @@ def trainer_state(t: Trainer) -> dict[str, Any]:
         "ema_updates": t.ema.num_updates,
         "data_gen": t.data_gen.get_state(),
         "order_gen": t.order_gen.get_state(),
+        "fim_gen": t.fim_gen.get_state(),
         "torch_rng": torch.get_rng_state(),
         "loss_window": t.window.state_dict(),
         "last_eval": dict(t.last_eval),
@@ -159,6 +160,8 @@ def resume(t: Trainer, ckpt: Path) -> None:
         t.data_gen.set_state(state["data_gen"])
         t.order_gen.set_state(state["order_gen"].to(t.order_gen.get_state().device))
         torch.set_rng_state(state["torch_rng"])
+        if "fim_gen" in state:  # absent in checkpoints written before fill in the middle
+            t.fim_gen.set_state(state["fim_gen"])
     except (RuntimeError, TypeError, ValueError) as exc:
         raise AOGPTError(f"trainer state {ckpt / 'trainer.pt'} holds damaged random-generator states ({exc})",
                          "resume from an earlier checkpoint with --resume-from") from None

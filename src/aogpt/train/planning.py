@@ -328,6 +328,7 @@ def plan(out: Path | str, *, data: Path | str | None = None, preset: str | None 
                 )
             model_cfg = source
     family(model_cfg.variant).check_order(train_cfg.order)  # an order the variant can read
+    _check_fim(model_cfg, train_cfg, resuming)
     if train_cfg.freeze_backbone_steps and not family(model_cfg.variant).target_position:
         raise AOGPTError(f"variant {model_cfg.variant} has no target pathway to train while the backbone is frozen",
                          "drop freeze_backbone_steps, or train an any-order variant")
@@ -350,7 +351,7 @@ def plan(out: Path | str, *, data: Path | str | None = None, preset: str | None 
             if checkpoint_tokenizer(start).to_json() != data.tokenizer.to_json():
                 raise AOGPTError(f"{data_dir} was prepared with another tokenizer than {start}'s",
                                  f"prepare the data with `aogpt prepare --tokenizer {start}`")
-        model_cfg = _fit_vocab(model_cfg, data, model_over, start is not None)
+        model_cfg = _fit_vocab(model_cfg, data, model_over, start is not None, fim=train_cfg.fim_rate > 0)
         for split in ("train", "val"):
             if data.num_tokens(split) < model_cfg.block_size:
                 raise AOGPTError(
@@ -406,20 +407,42 @@ def _check_fresh(out: Path, resume_from: Path | None) -> None:
         raise AOGPTError(f"{out} already holds checkpoints", "pass --resume to continue it, or choose a new --out")
 
 
-def _fit_vocab(cfg: ModelConfig, data: Any, model_over: dict[str, Any], resuming: bool) -> ModelConfig:
-    """Size the embedding for the data's tokenizer; refuse a model too small for the data."""
-    need = int(data.tokenizer.vocab_size)
+def _check_fim(model_cfg: ModelConfig, train_cfg: TrainConfig, resuming: bool) -> None:
+    """Fill in the middle trains a left-to-right model whose vocabulary holds the sentinels: a new run
+    gets them from the data (`_fit_vocab`); a run started from a checkpoint must have them already."""
+    if train_cfg.fim_rate <= 0:
+        return
+    fam = family(model_cfg.variant)
+    if fam.any_order or not fam.causal:
+        raise AOGPTError(f"--fim-rate trains a left-to-right model to fill in the middle; variant {model_cfg.variant} "
+                         "reads other orders itself", "use --variant gpt, or drop --fim-rate")
+    if (resuming or train_cfg.init_from) and model_cfg.fim_tokens is None:
+        raise AOGPTError("the checkpoint to start from has no fill-in-the-middle sentinels in its vocabulary",
+                         "train a new run with --fim-rate, or start from a run trained with it")
+
+
+def _fit_vocab(cfg: ModelConfig, data: Any, model_over: dict[str, Any], resuming: bool,
+               fim: bool = False) -> ModelConfig:
+    """Size the embedding for the data's tokenizer (and, for a new fill-in-the-middle run, its four
+    sentinels after the tokenizer's ids: `aogpt.data.fim`); refuse a model too small for the data."""
+    tokenizer = data.tokenizer
+    if fim and not resuming and cfg.fim_tokens is None:
+        from aogpt.data.fim import with_sentinels
+
+        tokenizer = with_sentinels(tokenizer)
+        cfg = dataclasses.replace(cfg, fim_tokens=tokenizer.sentinels.to_list())
+    need = int(tokenizer.vocab_size)
     if resuming or "vocab_size" in model_over:
         have = cfg.vocab_size if resuming else model_over["vocab_size"]
-        cfg = apply_overrides(cfg, {"vocab_size": have}, "model config").validate()
         if have < need:
             raise AOGPTError(
-                f"the data was made with tokenizer {data.meta.get('tokenizer')} ({need} tokens) but the "
+                f"the data was made with tokenizer {data.meta.get('tokenizer')} ({need} tokens"
+                f"{' with the fill-in-the-middle sentinels' if cfg.fim_tokens else ''}) but the "
                 f"model's vocabulary holds {have}",
-                "prepare the data with the model's tokenizer",
+                "prepare the data with the model's tokenizer" if not fim else "raise model.vocab_size",
             )
-        return apply_overrides(cfg, {"vocab_size": have}, "model config")
-    return apply_overrides(cfg, {"vocab_size": int(data.tokenizer.padded_vocab_size)}, "model config")
+        return apply_overrides(cfg, {"vocab_size": have}, "model config").validate()
+    return apply_overrides(cfg, {"vocab_size": int(tokenizer.padded_vocab_size)}, "model config").validate()
 
 
 def dry_run_report(plan: RunPlan, assume_tflops: float) -> dict[str, Any]:

@@ -17,12 +17,14 @@ from torch import nn
 
 from aogpt import compiling
 from aogpt.config import ModelConfig, TrainConfig
+from aogpt.data.fim import fim_rows, sentinels_of
 from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
 from aogpt.families import family
 from aogpt.model import Transformer
 from aogpt.orders import make_curriculum
 from aogpt.precision import name_of
+from aogpt.seeds import draw_seed
 from aogpt.train import checkpointing, distributed, loop, recipe
 from aogpt.train.ema import EMA
 from aogpt.train.init import init_target_pathway
@@ -81,6 +83,10 @@ class Trainer:
                                  "curriculum)", "drop the curriculum")
             if not isinstance(stage, tuple):
                 self.family.check_order(stage, " in the curriculum")
+        self.fim = sentinels_of(model_cfg) if cfg.fim_rate > 0 else None  # fill in the middle (aogpt.data.fim)
+        if cfg.fim_rate > 0 and self.fim is None:
+            raise AOGPTError("fim_rate needs a model whose vocabulary holds the fill-in-the-middle sentinels",
+                             "train it with aogpt train --fim-rate (which adds them), or set fim_rate 0")
         self.schedule = LRSchedule(cfg)
         self.metrics = MetricsLog(self.out, self.info.is_main)
         self._build_model()
@@ -106,6 +112,7 @@ class Trainer:
         self.amp = autocast_dtype(cfg, self.device)
         self.data_gen = torch.Generator().manual_seed(cfg.seed)
         self.order_gen = torch.Generator(self.device).manual_seed(cfg.seed + 1)
+        self.fim_gen = torch.Generator().manual_seed(draw_seed(cfg.seed, "fim"))  # its own: the data stream stays
         self.step, self.tokens_seen, self.train_seconds = 0, 0, 0.0
         self.clock = time.perf_counter  # what times the steps (the time limit, the schedule's speed); tests fake it
         self.window = Window()  # the steps since the last train record (saved with checkpoints)
@@ -135,6 +142,8 @@ class Trainer:
         """The whole step's sequences and orders (all ranks, all micro-steps) from the shared streams;
         the orders from the curriculum's stage of this step (`aogpt.orders.Curriculum`)."""
         idx = self.data.get_batch("train", self.sequences_per_step, self.block_size, self.data_gen)
+        if self.fim is not None:
+            idx = fim_rows(idx, self.cfg.fim_rate, self.cfg.fim_spm_rate, self.fim, self.fim_gen)
         order = self.orders.sample(self.step, self.sequences_per_step, self.block_size, self.device, self.order_gen)
         if self.cfg.replay_l2r > 0 and self.step >= self.replay_from:
             order = recipe.replay_rows(order, self.cfg.replay_l2r, self.order_gen)
