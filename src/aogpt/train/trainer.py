@@ -68,7 +68,7 @@ class Trainer:
         self.sequences_per_step = cfg.batch_size * self.accum * self.info.world_size
         self.tokens_per_step = self.sequences_per_step * self.block_size
         self.family = family(model_cfg.variant)
-        self.orders = make_curriculum(cfg.curriculum, cfg.order, cfg.l2r_first_steps)
+        self.orders = make_curriculum(cfg.curriculum, cfg.order, cfg.l2r_first_steps, cfg.decay_steps)
         self.order_sampler = self.orders.final
         self.family.check_order(self.order_sampler)
         if self.orders.stages and not self.family.causal:
@@ -84,7 +84,8 @@ class Trainer:
         self.metrics = MetricsLog(self.out, self.info.is_main)
         self._build_model()
         self.optimizer_step = OptimizerStep(self.model, self.step_model, self.optimizer, cfg, self.info,
-                                            self.device, self.amp, self.accum, self.schedule, self.teacher)
+                                            self.device, self.amp, self.accum, self.schedule, self.teacher,
+                                            self.hold)
         self.validation = Validation(data, cfg, self.block_size, self.family, self.info, self.device, self.amp)
         self.peak_flops = peak_flops(self.device)
         self.flops_per_token = flops_per_token(model_cfg, self.block_size)
@@ -100,6 +101,7 @@ class Trainer:
         recipe.check_recipe(self.raw, cfg)
         self.teacher = recipe.make_teacher(self.raw, cfg)  # the frozen start, for distillation (or None)
         self.replay_from = recipe.replay_from(cfg)
+        self.hold = recipe.Hold(cfg, self.block_size)  # how much replay and distillation weigh at each step
         self.source_eval: dict[str, float] = {}  # validation of the start, when it is a pretrained model
         self.ema = EMA(self.raw, cfg.ema_decay, cfg.ema_warmup)
         self.amp = autocast_dtype(cfg, self.device)
@@ -136,7 +138,7 @@ class Trainer:
         idx = self.data.get_batch("train", self.sequences_per_step, self.block_size, self.data_gen)
         order = self.orders.sample(self.step, self.sequences_per_step, self.block_size, self.device, self.order_gen)
         if self.cfg.replay_l2r > 0 and self.step >= self.replay_from:
-            order = recipe.replay_rows(order, self.cfg.replay_l2r, self.order_gen)
+            order = recipe.replay_rows(order, self.cfg.replay_l2r * self.hold(self.step), self.order_gen)
         return idx, order
 
     def warm_up(self) -> float:
