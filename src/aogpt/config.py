@@ -163,6 +163,9 @@ class TrainConfig:
     # orders: full weight in the curriculum's left-to-right opening, the floor once the orders are the run's.
     # 1: a constant weight (no letting go).
     hold_floor: float = bounded(1.0, ge=0, le=1)
+    # > hold_floor: the weight climbs back to this over the learning rate's decay (wsd: the run's last
+    # decay_share), so the model ends held to its source again once it has learned the other orders.
+    hold_anneal: float = bounded(0.0, ge=0, le=1)
     eval_interval: int = bounded(100, ge=1, le=STEPS_MAX)
     eval_batches: int = bounded(8, ge=1, le=10**6)
     eval_orders_seed: int = bounded(1234, ge=0, le=SEED_MAX)

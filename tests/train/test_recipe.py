@@ -205,6 +205,29 @@ def test_the_hold_at_the_stage_boundaries_and_its_floor():
     assert recipe.Hold(_hold_cfg(max_steps=200), n)(19) == 1.0 and recipe.Hold(_hold_cfg(max_steps=200), n)(79) < 1
 
 
+def test_the_hold_climbs_back_over_the_learning_rates_decay():
+    """hold_anneal: from the floor at the decay's start (step 80 of 100, decay_share 0.2) linearly to the anneal
+    weight at its end, as the rate goes to min_lr; before the decay the curriculum's hold alone; under a time
+    budget, where the schedule placed the decay."""
+    from aogpt.train import LRSchedule
+
+    n = 16
+    cfg = _hold_cfg(hold_floor=0.1, hold_anneal=0.9, lr_schedule="wsd", decay_share=0.2)
+    hold, plain = recipe.Hold(cfg, n), recipe.Hold(_hold_cfg(hold_floor=0.1), n)
+    assert [hold(s) for s in range(80)] == [plain(s) for s in range(80)]
+    # step for step with the rate: the decay's first step (80) has 1/20 of it, its last (99) all of it
+    assert hold(80) == pytest.approx(0.1 + 0.8 / 20) and hold(89) == pytest.approx(0.1 + 0.8 * 0.5)
+    assert hold(99) == pytest.approx(0.9) and hold(150) == pytest.approx(0.9)
+    lr = recipe.Hold(cfg, n).schedule
+    assert all((hold(s) - 0.1) / 0.8 == pytest.approx((lr.lr(s) - cfg.lr) / (cfg.min_lr - cfg.lr)) for s in range(80, 100))
+    assert recipe.Hold(_hold_cfg(hold_floor=0.5, hold_anneal=0.2), n)(99) == 0.5  # below the floor: no effect
+    timed = LRSchedule(_hold_cfg(lr_schedule="wsd", max_minutes=1.0, max_steps=10**6))
+    timed.decay_start, timed.decay_steps = 50, 10  # as `observe` decides from the clock (and a resume restores)
+    late = recipe.Hold(_hold_cfg(hold_floor=0.1, hold_anneal=0.9, lr_schedule="wsd", max_minutes=1.0,
+                                 max_steps=10**6, curriculum="l2r@5"), n, timed)
+    assert late(49) == pytest.approx(0.1) and late(54) == pytest.approx(0.5) and late(59) == pytest.approx(0.9)
+
+
 def test_replay_and_distillation_follow_the_hold_in_training(monkeypatch):
     """Once the orders are the run's own, the replayed share is replay_l2r x the floor (chi-square, with
     power against the unheld share), and the KL weight handed to the loss is distill_l2r x the hold."""
@@ -244,8 +267,8 @@ def test_the_hold_travels_in_checkpoints_and_a_resumed_run_follows_it(tmp_path):
     source = tmp_path / "source"
     source.mkdir()
     make(source, max_steps=2, ckpt_interval=2).fit()
-    over = dict(curriculum="l2r@2,mallows:2..0.1@10", replay_l2r=0.5, distill_l2r=1.0, hold_floor=0.3,
-                init_from=str(source), max_steps=12)
+    over = dict(curriculum="l2r@2,mallows:2..0.1@8", replay_l2r=0.5, distill_l2r=1.0, hold_floor=0.3, hold_anneal=0.8,
+                lr_schedule="wsd", decay_share=0.25, init_from=str(source), max_steps=12)
     (tmp_path / "full").mkdir()
     make(tmp_path / "full", **over).fit()
     (tmp_path / "cut").mkdir()
@@ -253,13 +276,16 @@ def test_the_hold_travels_in_checkpoints_and_a_resumed_run_follows_it(tmp_path):
     stop_after(first, 6)
     first.fit()
     saved = read_config(list_checkpoints(tmp_path / "cut")[-1])["train"]
-    assert saved["hold_floor"] == 0.3
+    assert (saved["hold_floor"], saved["hold_anneal"]) == (0.3, 0.8)
     second = make(tmp_path / "cut", **over)
     second.resume(list_checkpoints(tmp_path / "cut")[-1])
     assert second.step == 6 and second.hold(6) == first.hold(6) < 1
     second.fit()
     assert records(tmp_path / "cut") == records(tmp_path / "full")
-    assert [r["hold"] for r in records(tmp_path / "full") if r["kind"] == "train"][-1] == pytest.approx(0.3)
+    holds = {r["step"]: r["hold"] for r in records(tmp_path / "full") if r["kind"] == "train"}
+    # the weight of each logged step's last update (step - 1): the opening (1), the floor (7), the climb (9-11)
+    assert holds[2] == 1.0 and holds[8] == pytest.approx(0.3) and holds[10] == pytest.approx(0.3 + 0.5 * 1 / 3)
+    assert holds[12] == pytest.approx(0.8)
     a = torch.load(list_checkpoints(tmp_path / "full")[-1] / "trainer.pt", weights_only=True)
     b = torch.load(list_checkpoints(tmp_path / "cut")[-1] / "trainer.pt", weights_only=True)
     assert torch.equal(a["order_gen"], b["order_gen"])

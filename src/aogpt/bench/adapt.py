@@ -9,14 +9,16 @@ path is recorded):
 2. **candidates**: the source adapted to AO-GPT (`aogpt.adaptation.adapt`: equal to it left to right
    at step 0) and fine-tuned F steps with a fine-tuning recipe (`CANDIDATES`; the `adapt` preset,
    `aogpt.config.ADAPT_RECIPE`, is `MEASURED`; ``plain`` is the fine-tuning before any recipe);
-3. **scratch**: AO-GPT from scratch for F steps (what a user with a pretrained model pays for) and
-   **scratch-sf** for S + F steps (the same total compute), each with the any-order start fitted to its
-   own steps (`aogpt.config.any_order_start`);
+3. **scratch**: AO-GPT from scratch for F steps (what a user with a pretrained model pays for), the
+   any-order start fitted to its steps (`aogpt.config.any_order_start`), and **scratch-sf** for S + F steps
+   (the same total compute), the start fitted to the shortest S + F of the study: those runs share every
+   step before their decays, so they are trained as one trunk with each budget's decay branched off it
+   (`Study.scratch_family`: bit for bit the runs budgeted for S + F);
 4. **l2r**: the source trained F more steps left to right (at the recipe's backbone rate), so "it was
    just more training" is ruled out.
 
-Every path is its own run, budgeted for its own steps (a 500-step path is not read off a longer run: the
-schedules and stages are fitted to the budget). It is scored at its end (and every `curve_every` steps)
+Every path is a run budgeted for its own steps (a 500-step path is not read off a longer run: the decay
+and the stages are fitted to the budget). It is scored at its end (and every `curve_every` steps)
 on the held-out plays in bits per byte, EMA weights, left to right and in one random order. A finished
 path is kept as JSON in the work folder (``seed<K>/<path>-....json``) and reused, so separate processes can
 share the study (``only``); a path under way saves a checkpoint every `save_every` steps, and an
@@ -49,7 +51,7 @@ EVAL_BATCH = 16
 PATHS = ("source", "l2r", "scratch", "scratch-sf", "candidates")
 RATES = ("lr", "min_lr", "warmup_steps", "target_lr_mult", "lr_schedule", "decay_share", "ema_decay")
 SILENT = dict(max_minutes=0.0, eval_interval=10**9, ckpt_interval=10**9, log_interval=10**6, compile="off",
-              keep_last=1)
+              keep_last=0)  # the bench keeps and removes checkpoints itself (`_save`)
 
 
 def _plain(steps: int) -> dict[str, Any]:
@@ -115,6 +117,12 @@ CANDIDATES: dict[str, Callable[[int], dict[str, Any]]] = {
     "letgo-target30": lambda f: {**LETGO, "target_lr_mult": 30.0},
     "letgo-ramp50": lambda f: {**LETGO, "curriculum": "l2r@1%,mallows:4..0.05@50%"},
     "letgo-ramp15": lambda f: {**LETGO, "curriculum": "l2r@1%,mallows:4..0.05@15%"},
+    "scaled-backbone1": lambda f: {"target_lr_mult": 10.0, **SCALED, "backbone_lr_mult": 1.0},
+    "letgo-floor0.5-backbone1": lambda f: {**LETGO, "hold_floor": 0.5, "backbone_lr_mult": 1.0},
+    "letgo-kl3-backbone1": lambda f: {**LETGO, "distill_l2r": 3.0, "backbone_lr_mult": 1.0},
+    # the hold climbs back to full weight over the learning rate's decay
+    "return-backbone1": lambda f: {**LETGO, "backbone_lr_mult": 1.0, "hold_anneal": 1.0},
+    "return-floor0-backbone1": lambda f: {**LETGO, "backbone_lr_mult": 1.0, "hold_floor": 0.0, "hold_anneal": 1.0},
 }
 
 
@@ -130,42 +138,64 @@ def _score(model: torch.nn.Module, windows: torch.Tensor, lengths: Any, seed: in
 
 def _train(model_cfg: Any, train_cfg: Any, data: Any, windows: torch.Tensor, seed: int, curve_every: int, label: str,
            progress: Callable[[str], None] | None, run_dir: Path, save_every: int,
-           start: dict[str, float] | None = None) -> tuple[Any, dict]:
-    """Train `train_cfg.max_steps` steps in `run_dir` (resumed from its checkpoint when an earlier process
-    left one, with the curve and CPU time it had then); (trainer, record: steps, CPU seconds, curve, final
-    scores)."""
+           start: dict[str, float] | None = None, *, stop_at: int | None = None, keep: tuple[int, ...] = (),
+           branch: tuple[Path, dict[str, Any]] | None = None) -> tuple[Any, dict]:
+    """Train until step `stop_at` (default `train_cfg.max_steps`) in `run_dir`; (trainer, record: steps, CPU
+    seconds, curve, final scores).
+
+    Resumed from `run_dir`'s checkpoint when an earlier process left one (with the curve and CPU time it had
+    then), else from `branch` (a checkpoint of another run and its record there) when given. Checkpoints
+    every `save_every` steps (the newest kept) and at the steps in `keep` (all kept, each with its record in
+    ``point-<step>.json``: where branches start)."""
     from aogpt.checkpoint import list_checkpoints
     from aogpt.train import Trainer
 
     trainer = Trainer(model_cfg, train_cfg, data, run_dir, show_progress=False)
     lengths = data.token_byte_lengths()
     steps, cpu = train_cfg.max_steps, 0.0
+    stop = steps if stop_at is None else stop_at
     curve = [{"step": 0, "cpu": 0.0, **start}] if start else []
     partial = run_dir / "partial.json"
-    kept = list_checkpoints(run_dir)
-    if kept and partial.is_file():
-        trainer.resume(kept[-1])
+    own = list_checkpoints(run_dir)
+    if own and partial.is_file():
+        trainer.resume(own[-1])
         state = json.loads(partial.read_text())
         cpu, curve = state["cpu"], [p for p in state["curve"] if p["step"] <= trainer.step]
-        if progress is not None:
-            progress(f"{label} (seed {seed}): resumed at step {trainer.step}/{steps}")
-    for step in range(trainer.step, steps):
+    elif branch is not None:
+        trainer.resume(branch[0])
+        cpu, curve = branch[1]["cpu"], list(branch[1]["curve"])
+    if trainer.step and progress is not None:
+        progress(f"{label} (seed {seed}): from step {trainer.step}/{steps}")
+    for step in range(trainer.step, stop):
         begin = cpu_seconds()
         loss = trainer.train_step().loss
         cpu += cpu_seconds() - begin
-        if (curve_every and (step + 1) % curve_every == 0) or step + 1 == steps:
+        done = step + 1
+        if (curve_every and done % curve_every == 0) or done == steps:
             point = _score(trainer.ema.model, windows, lengths, seed, trainer.family.any_order)
-            curve.append({"step": step + 1, "cpu": cpu, "loss": loss, **point})
+            curve.append({"step": done, "cpu": cpu, "loss": loss, **point})
             if progress is not None:
-                progress(f"{label} (seed {seed}): step {step + 1}/{steps}, loss {loss:.3f}, "
+                progress(f"{label} (seed {seed}): step {done}/{steps}, loss {loss:.3f}, "
                          + ", ".join(f"{k} {v:.3f}" for k, v in point.items()) + " bits/byte")
-        if save_every and (step + 1) % save_every == 0 and step + 1 < steps:
-            trainer.save()
-            tmp = partial.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"cpu": cpu, "curve": curve}))
-            tmp.replace(partial)
+        if done in keep or (save_every and done % save_every == 0 and done < steps):
+            _save(trainer, run_dir, {"cpu": cpu, "curve": curve}, keep)
     return trainer, {"steps": steps, "cpu_seconds": cpu, "curve": curve, **curve[-1],
                      "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+
+
+def _save(trainer: Any, run_dir: Path, state: dict[str, Any], keep: tuple[int, ...]) -> None:
+    """A checkpoint of the run and its record so far (``partial.json``; ``point-<step>.json`` too at a step in
+    `keep`); older checkpoints are removed unless their step is in `keep`."""
+    from aogpt.checkpoint import list_checkpoints
+    from aogpt.io import write_json
+
+    path = trainer.save()
+    write_json(run_dir / "partial.json", state)
+    if trainer.step in keep:
+        write_json(run_dir / f"point-{trainer.step}.json", state)
+    for old in list_checkpoints(run_dir):
+        if old != path and int(old.name.rpartition("-")[2]) not in keep:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _cached(path: Path, make: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
@@ -193,8 +223,8 @@ class Study:
 
     def __init__(self, data_root: Path, work: Path, seed: int, steps: int, *, eval_bytes: int | None,
                  curve_every: int, width: int = WIDTH, save_every: int = 250,
-                 progress: Callable[[str], None] | None = None):
-        self.data = data_for(TOKENIZER, data_root)
+                 progress: Callable[[str], None] | None = None, tokenizer: str = TOKENIZER):
+        self.data = data_for(tokenizer, data_root)
         self.dir = Path(work) / f"seed{seed}"
         self.seed, self.steps, self.curve_every, self.progress = seed, steps, curve_every, progress
         self.save_every = save_every
@@ -246,14 +276,55 @@ class Study:
             return {**record, "fields": {k: v for k, v in cfg.__dict__.items() if k in ADAPT_RECIPE or k in fields}}
         return _cached(self.dir / f"{name}-S{self.steps}-F{f}.json", make)
 
+    def _scratch_configs(self, n: int, fitted: int) -> tuple[Any, Any]:
+        """AO-GPT from scratch for `n` steps, its any-order start fitted to `fitted` steps."""
+        cfg = train_config(PRESET, "aogpt", **self._fields(n, order=ORDER, **any_order_start(ORDER, fitted)))
+        return model_config("aogpt", preset=PRESET, vocab_size=self.data.padded_vocab_size, **self.size), cfg
+
     def scratch(self, n: int) -> dict[str, Any]:
         """AO-GPT from scratch for `n` steps (the any-order start fitted to them)."""
         def make(run_dir: Path) -> dict[str, Any]:
-            cfg = train_config(PRESET, "aogpt", **self._fields(n, order=ORDER, **any_order_start(ORDER, n)))
-            mc = model_config("aogpt", preset=PRESET, vocab_size=self.data.padded_vocab_size, **self.size)
+            mc, cfg = self._scratch_configs(n, n)
             return _train(mc, cfg, self.data, self.windows, self.seed, self.curve_every, f"scratch {n}",
                           self.progress, run_dir, self.save_every)[1]
         return _cached(self.dir / f"scratch-N{n}.json", make)
+
+    def scratch_family(self, n: int, budgets: tuple[int, ...]) -> dict[str, Any]:
+        """AO-GPT from scratch for `n` steps, one of a family of `budgets` that share their any-order start
+        (fitted to the shortest) and so, under the warm-up-stable-decay schedule, every step before their
+        decays: one trunk run (budgeted for the longest) is trained to each budget's decay, and from there the
+        budget's own run (budgeted for `n`: its decay) branches off. What it gives is, bit for bit, the run
+        budgeted for `n` with that start (tests/bench/test_adapt.py); it costs the trunk plus the decays."""
+        from aogpt.checkpoint import checkpoint_name
+        from aogpt.train import LRSchedule
+
+        fitted, longest = min(budgets), max(budgets)
+        if n == fitted:
+            key = self.dir / f"scratch-N{n}.json"  # the family's shortest is the plain fitted run
+        else:
+            key = self.dir / f"scratch-N{n}-C{fitted}.json"
+
+        def make(run_dir: Path) -> dict[str, Any]:
+            from aogpt.io import directory_lock
+
+            mc, cfg = self._scratch_configs(n, fitted)
+            points = tuple(sorted(LRSchedule(self._scratch_configs(b, fitted)[1])._planned_decay()[0]
+                                  for b in budgets))
+            fork = LRSchedule(cfg)._planned_decay()[0]
+            trunk_dir = self.dir / f"scratch-trunk-C{fitted}-N{longest}"
+            trunk_dir.mkdir(parents=True, exist_ok=True)
+            with directory_lock(trunk_dir, "aogpt bench adapt", inside=True, flag="--work"):
+                if not (trunk_dir / f"point-{fork}.json").is_file():
+                    _, trunk_cfg = self._scratch_configs(longest, fitted)
+                    _train(mc, trunk_cfg, self.data, self.windows, self.seed, self.curve_every,
+                           f"scratch trunk ({', '.join(map(str, budgets))})", self.progress, trunk_dir,
+                           self.save_every, stop_at=fork, keep=points)
+
+            branch = (trunk_dir / checkpoint_name(fork), json.loads((trunk_dir / f"point-{fork}.json").read_text()))
+            record = _train(mc, cfg, self.data, self.windows, self.seed, self.curve_every, f"scratch {n}",
+                            self.progress, run_dir, self.save_every, branch=branch)[1]
+            return {**record, "branched_at": fork, "fitted_to": fitted}
+        return _cached(key, make)
 
     def l2r(self, f: int) -> dict[str, Any]:
         """The source trained F more steps left to right, at the recipe's backbone rate (no re-warm-up)."""
@@ -301,8 +372,8 @@ def run(data_root: Path, work: Path, *, steps: int = 1000, finetune: tuple[int, 
         for key in keys:
             path, _, f = key.partition("/")
             wanted = path if path in PATHS else "candidates"
-            if wanted in only or (study.dir / _file(key, steps)).is_file():
-                row[key] = _job(study, path, int(f[1:]) if f else 0)
+            if wanted in only or (study.dir / _file(key, steps, finetune)).is_file():
+                row[key] = _job(study, path, int(f[1:]) if f else 0, finetune)
         start = study.dir / f"adapted-S{steps}.json"
         if start.is_file():
             row["adapted_start"] = json.loads(start.read_text())
@@ -316,19 +387,19 @@ def run(data_root: Path, work: Path, *, steps: int = 1000, finetune: tuple[int, 
     return result
 
 
-def _job(study: Study, path: str, f: int) -> dict[str, Any]:
+def _job(study: Study, path: str, f: int, finetune: tuple[int, ...]) -> dict[str, Any]:
     if path == "source":
         return study.source()
     if path == "scratch":
         return study.scratch(f)
     if path == "scratch-sf":
-        return study.scratch(study.steps + f)
+        return study.scratch_family(study.steps + f, tuple(study.steps + g for g in finetune))
     if path == "l2r":
         return study.l2r(f)
     return study.candidate(path, f)
 
 
-def _file(key: str, steps: int) -> str:
+def _file(key: str, steps: int, finetune: tuple[int, ...]) -> str:
     path, _, f = key.partition("/")
     n = int(f[1:]) if f else 0
     if path == "source":
@@ -336,7 +407,8 @@ def _file(key: str, steps: int) -> str:
     if path == "scratch":
         return f"scratch-N{n}.json"
     if path == "scratch-sf":
-        return f"scratch-N{steps + n}.json"
+        fitted = steps + min(finetune)
+        return f"scratch-N{steps + n}.json" if steps + n == fitted else f"scratch-N{steps + n}-C{fitted}.json"
     return f"{path}-S{steps}-F{n}.json"
 
 

@@ -122,8 +122,8 @@ def add_training_benchmarks(sub: Any) -> None:
                    help="train only these paths (source, scratch, scratch-sf, l2r, candidates); the others are read "
                    "from --work where kept (default: all but l2r)")
     t.add_argument("--seeds", type=int_arg(ge=1, le=1000), default=1, metavar="N", help="seeds (default 1)")
-    t.add_argument("--width", type=int_arg(ge=64, le=4096), default=128, metavar="D",
-                   help="the models' width, one head per 64 (default 128; the quickstart's is 192)")
+    t.add_argument("--width", type=int_arg(ge=64, le=4096), default=192, metavar="D",
+                   help="the models' width, one head per 64 (default 192, the quickstart's)")
     t.add_argument("--eval-bytes", type=int_arg(ge=1, le=10**12), default=30_000, metavar="B",
                    help="score on the first B bytes of the held-out text (default 30000)")
     t.add_argument("--curve-every", type=int_arg(ge=0, le=10**7), default=250, metavar="K",

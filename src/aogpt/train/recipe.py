@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import math
 from functools import lru_cache
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -101,12 +102,16 @@ class Hold:
     """The weight of replay and distillation at each step (module docstring): ``floor + (1 - floor) *
     closeness``, closeness = (share - final) / (1 - final) clipped to [0, 1], with share the step's orders'
     `leftmost_share` and final the run's own orders'. `floor` 1 (`TrainConfig.hold_floor`'s default) is a
-    constant weight."""
+    constant weight. With `hold_anneal` above the floor, the weight climbs back linearly from the floor to it
+    over the learning rate's decay, step for step with the rate (`LRSchedule.decay_in_rate` of the run's own
+    schedule, whose decay a time budget may place; wsd only), and is the larger of the two."""
 
-    def __init__(self, cfg: TrainConfig, n: int):
+    def __init__(self, cfg: TrainConfig, n: int, schedule: Any = None):
         from aogpt.orders import make_curriculum
+        from aogpt.train.schedule import LRSchedule
 
-        self.floor, self.n = cfg.hold_floor, n
+        self.floor, self.anneal, self.n = cfg.hold_floor, cfg.hold_anneal, n
+        self.schedule = schedule if schedule is not None else LRSchedule(cfg)
         self.curriculum = make_curriculum(cfg.curriculum, cfg.order, cfg.l2r_first_steps, cfg.decay_steps)
         self.final = leftmost_share(self.curriculum.final, n)
         self._closeness = lru_cache(maxsize=4096)(self._closeness_uncached)
@@ -124,7 +129,11 @@ class Hold:
     def __call__(self, step: int) -> float:
         if self.floor >= 1.0:
             return 1.0
-        return self.floor + (1.0 - self.floor) * self.closeness(step)
+        held = self.floor + (1.0 - self.floor) * self.closeness(step)
+        if self.anneal > self.floor:
+            climb = self.schedule.decay_in_rate(step) if self.schedule.cfg.lr_schedule == "wsd" else 0.0
+            held = max(held, self.floor + (self.anneal - self.floor) * climb)
+        return held
 
 
 def left_to_right_rows(order: torch.Tensor) -> torch.Tensor:
@@ -200,7 +209,9 @@ def describe(cfg: TrainConfig) -> str:
         parts.append(f"left-to-right sequences distilled towards the start (KL weight {cfg.distill_l2r:g})")
     if (cfg.replay_l2r > 0 or cfg.distill_l2r > 0) and cfg.hold_floor < 1:
         parts.append(f"both at full weight while the orders read left to right, letting go as they move towards "
-                     f"the run's own, to {cfg.hold_floor:g}x once they are")
+                     f"the run's own, to {cfg.hold_floor:g}x once they are"
+                     + (f", and back to {cfg.hold_anneal:g}x over the learning rate's decay"
+                        if cfg.hold_anneal > cfg.hold_floor else ""))
     return "; ".join(parts)
 
 

@@ -81,6 +81,7 @@ class Trainer:
             if not isinstance(stage, tuple):
                 self.family.check_order(stage, " in the curriculum")
         self.schedule = LRSchedule(cfg)
+        self.hold = recipe.Hold(cfg, self.block_size, self.schedule)  # how much replay and distillation weigh
         self.metrics = MetricsLog(self.out, self.info.is_main)
         self._build_model()
         self.optimizer_step = OptimizerStep(self.model, self.step_model, self.optimizer, cfg, self.info,
@@ -101,7 +102,6 @@ class Trainer:
         recipe.check_recipe(self.raw, cfg)
         self.teacher = recipe.make_teacher(self.raw, cfg)  # the frozen start, for distillation (or None)
         self.replay_from = recipe.replay_from(cfg)
-        self.hold = recipe.Hold(cfg, self.block_size)  # how much replay and distillation weigh at each step
         self.source_eval: dict[str, float] = {}  # validation of the start, when it is a pretrained model
         self.ema = EMA(self.raw, cfg.ema_decay, cfg.ema_warmup)
         self.amp = autocast_dtype(cfg, self.device)
