@@ -219,7 +219,8 @@ def test_the_hold_climbs_back_over_the_learning_rates_decay():
     assert hold(80) == pytest.approx(0.1 + 0.8 / 20) and hold(89) == pytest.approx(0.1 + 0.8 * 0.5)
     assert hold(99) == pytest.approx(0.9) and hold(150) == pytest.approx(0.9)
     lr = recipe.Hold(cfg, n).schedule
-    assert all((hold(s) - 0.1) / 0.8 == pytest.approx((lr.lr(s) - cfg.lr) / (cfg.min_lr - cfg.lr)) for s in range(80, 100))
+    decayed = [(lr.lr(s) - cfg.lr) / (cfg.min_lr - cfg.lr) for s in range(80, 100)]
+    assert [(hold(s) - 0.1) / 0.8 for s in range(80, 100)] == pytest.approx(decayed)
     assert recipe.Hold(_hold_cfg(hold_floor=0.5, hold_anneal=0.2), n)(99) == 0.5  # below the floor: no effect
     timed = LRSchedule(_hold_cfg(lr_schedule="wsd", max_minutes=1.0, max_steps=10**6))
     timed.decay_start, timed.decay_steps = 50, 10  # as `observe` decides from the clock (and a resume restores)
