@@ -83,6 +83,10 @@ BASE: dict[str, Any] = dict(
 # letting go as the orders leave left to right, down to a fifth (aogpt.train.recipe.Hold).
 LETGO: dict[str, Any] = {"target_lr_mult": 10.0, **SCALED, "hold_floor": 0.2}
 
+# The third: the backbone at the full rate, replay and distillation let go entirely once the orders are the
+# run's own, and climbing back to full weight over the learning rate's decay.
+RETURN: dict[str, Any] = {**LETGO, "backbone_lr_mult": 1.0, "hold_floor": 0.0, "hold_anneal": 1.0}
+
 MEASURED = "letgo-backbone0.3"  # the candidate the `adapt` preset is (aogpt.config.ADAPT_RECIPE)
 
 # Fine-tuning recipes: changes to `BASE` (a function of the run's steps F).
@@ -123,6 +127,12 @@ CANDIDATES: dict[str, Callable[[int], dict[str, Any]]] = {
     # the hold climbs back to full weight over the learning rate's decay
     "return-backbone1": lambda f: {**LETGO, "backbone_lr_mult": 1.0, "hold_anneal": 1.0},
     "return-floor0-backbone1": lambda f: {**LETGO, "backbone_lr_mult": 1.0, "hold_floor": 0.0, "hold_anneal": 1.0},
+    "return-strong": lambda f: {**RETURN, "replay_l2r": 0.5, "distill_l2r": 3.0},
+    "return-long": lambda f: {**RETURN, "decay_share": 0.4},
+    "return-strong-long": lambda f: {**RETURN, "replay_l2r": 0.5, "distill_l2r": 3.0, "decay_share": 0.4},
+    "return-backbone0.3": lambda f: {**RETURN, "backbone_lr_mult": 0.3},
+    "return-strong-xlong": lambda f: {**RETURN, "replay_l2r": 0.5, "distill_l2r": 3.0, "decay_share": 0.6},
+    "return-kl10-long": lambda f: {**RETURN, "replay_l2r": 0.5, "distill_l2r": 10.0, "decay_share": 0.4},
 }
 
 

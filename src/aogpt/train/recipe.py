@@ -215,20 +215,22 @@ def describe(cfg: TrainConfig) -> str:
     return "; ".join(parts)
 
 
-def left_to_right_share(cfg: TrainConfig) -> float:
-    """The expected share of sequences read left to right once the curriculum is over: replayed ones (at the
-    hold's floor), and the run's own order's (a mixture's left-to-right share; all of them for left to right)."""
+def left_to_right_share(cfg: TrainConfig, hold: float = 1.0) -> float:
+    """The expected share of sequences read left to right once the curriculum is over, with the hold (`Hold`)
+    at `hold`: replayed ones, and the run's own order's (a mixture's left-to-right share; all of them for left
+    to right)."""
     from aogpt.orders import Mixture, make_order_sampler
 
     final = make_order_sampler(cfg.order)
     own = 1.0 if final.left_to_right else (final.p_l2r if isinstance(final, Mixture) else 0.0)
-    replay = cfg.replay_l2r * cfg.hold_floor  # the hold is at its floor once the orders are the run's own
+    replay = cfg.replay_l2r * hold
     return replay + (1.0 - replay) * own
 
 
 def teacher_cost(cfg: TrainConfig, params: int) -> tuple[int, float]:
     """What distillation adds: the teacher's fp32 weights in bytes, and its forward on the left-to-right
-    sequences as a share of a training step's FLOPs (a forward is about a third of forward + backward)."""
+    sequences as a share of a training step's FLOPs (a forward is about a third of forward + backward), at
+    most: with replay at full weight."""
     if cfg.distill_l2r <= 0:
         return 0, 0.0
     return 4 * params, left_to_right_share(cfg) / 3
