@@ -281,3 +281,34 @@ def test_malformed_curricula_are_refused(spec, words):
 def test_a_curriculum_and_l2r_first_steps_together_are_refused():
     with pytest.raises(AOGPTError, match="both"):
         make_curriculum("l2r@5", "uniform", l2r_first_steps=5)
+
+
+def test_stage_ends_as_shares_of_the_run_scale_with_its_length():
+    for steps, resolved in ((1000, "l2r@10,mallows:4..0.05@300"), (2000, "l2r@20,mallows:4..0.05@600"),
+                            (50, "l2r@1,mallows:4..0.05@15"), (150, "l2r@2,uniform@3,mallows:4..0.05@45")):
+        spec = "l2r@1%,uniform@2%,mallows:4..0.05@30%" if steps == 150 else "l2r@1%,mallows:4..0.05@30%"
+        cur = make_curriculum(spec, "mixture", steps=steps)
+        assert cur.resolved == resolved, steps
+        assert cur.length == int(resolved.rpartition("@")[2]) and cur.at(cur.length).spec == "mixture:0.1"
+    # at least one step per stage, also when a share rounds to the step before; shares and steps mix
+    assert make_curriculum("l2r@1%,window:2@2%", "uniform", steps=10).resolved == "l2r@1,window:2@2"
+    assert make_curriculum("l2r@7,mallows:1..0.5@100%", "uniform", steps=40).resolved == "l2r@7,mallows:1..0.5@40"
+    assert make_curriculum("l2r@5", "uniform").resolved == "l2r@5"  # steps only: no length needed
+
+
+@pytest.mark.parametrize("spec, steps, words", [
+    ("l2r@10%", None, "share of the run"), ("l2r@0%", 100, r"\(0, 100\]"), ("l2r@150%", 100, r"\(0, 100\]"),
+    ("l2r@x%", 100, r"\(0, 100\]"), ("l2r@50%,uniform@20", 100, "above 50"),
+])
+def test_malformed_shares_are_refused(spec, steps, words):
+    with pytest.raises(AOGPTError, match=words):
+        make_curriculum(spec, "uniform", steps=steps)
+
+
+def test_a_run_resolves_shares_against_its_horizon():
+    from aogpt.config import train_config
+
+    cfg = train_config(None, "aogpt", curriculum="l2r@10%,mallows:4..0.5@50%", max_steps=200)
+    assert make_curriculum(cfg.curriculum, cfg.order, steps=cfg.decay_steps).resolved == "l2r@20,mallows:4..0.5@100"
+    extended = train_config(None, "aogpt", curriculum="l2r@10%", max_steps=400, schedule_steps=200)
+    assert make_curriculum(extended.curriculum, extended.order, steps=extended.decay_steps).resolved == "l2r@20"

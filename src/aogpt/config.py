@@ -175,6 +175,14 @@ class TrainConfig:
     backbone_lr_mult: float = bounded(1.0, gt=0, le=1000)
     replay_l2r: float = bounded(0.0, ge=0, le=1)
     distill_l2r: float = bounded(0.0, ge=0, le=1000)
+    # How replay and distillation let go (aogpt.train.recipe.Hold): both are weighted by
+    # floor + (1 - floor) x how close the step's orders are to left to right, measured against the run's own
+    # orders: full weight in the curriculum's left-to-right opening, the floor once the orders are the run's.
+    # 1: a constant weight (no letting go).
+    hold_floor: float = bounded(1.0, ge=0, le=1)
+    # > hold_floor: the weight climbs back to this over the learning rate's decay (wsd: the run's last
+    # decay_share), so the model ends held to its source again once it has learned the other orders.
+    hold_anneal: float = bounded(0.0, ge=0, le=1)
     eval_interval: int = bounded(100, ge=1, le=STEPS_MAX)
     eval_batches: int = bounded(8, ge=1, le=10**6)
     eval_orders_seed: int = bounded(1234, ge=0, le=SEED_MAX)
@@ -206,7 +214,8 @@ class TrainConfig:
         self.dtype = canonical(self.dtype, AUTOCAST)  # any spelling of aogpt.precision's, kept in its short form
         if not DEVICE.fullmatch(self.device):
             raise AOGPTError(f"unknown device {self.device!r}", "use auto, cpu, cuda or cuda:N")
-        make_curriculum(self.curriculum, self.order, self.l2r_first_steps)  # unknown or malformed specs are refused
+        # unknown or malformed specs are refused (stage ends given as shares are of the run's horizon)
+        make_curriculum(self.curriculum, self.order, self.l2r_first_steps, self.decay_steps)
         check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
         check_choice("compile", self.compile, COMPILE_CHOICES)  # aogpt.compiling decides what auto means
         return self

@@ -311,26 +311,26 @@ class Curriculum:
     Every step draws from its stage's sampler with the run's order generator, except left-to-right
     stages, which draw the run's own orders and discard them: the order stream after such a stage is
     the same whatever its length (and runs made with ``l2r_first_steps`` keep their streams).
+
+    An end may also be a share of the run, ``SPEC@P%`` (``l2r@1%,mallows:4..0.05@30%``): it is
+    ``round(P / 100 * steps)`` for a run of `steps` steps (`TrainConfig.max_steps`), and at least one step
+    after the stage before, so one spec fits a fine-tuning of any length. `resolved` is the spec in steps.
     """
 
-    def __init__(self, spec: str, final: OrderSampler):
-        self.spec, self.final = spec, final
+    def __init__(self, spec: str, final: OrderSampler, steps: int | None = None):
+        self.spec, self.final, self.steps = spec, final, steps
         self.stages: list[tuple[int, int, OrderSampler | tuple[float, float]]] = []  # (start, end, sampler | ramp)
-        start = 0
+        start, parts = 0, []
         for part in [p.strip() for p in spec.split(",")] if spec.strip() else []:
             stage, at, until = part.rpartition("@")
             if not at or not stage:
                 raise AOGPTError(f"curriculum stage {part!r} has no end step",
                                  f"write SPEC@STEP, e.g. {CURRICULUM_EXAMPLE}")
-            try:
-                end = int(_STAGE_END.parse(until))
-            except ValueError:
-                end = None
-            if end is None or end <= start:
-                raise AOGPTError(f"curriculum stage {part!r}: the end step must be a whole number above {start}",
-                                 f"list stages with increasing end steps, e.g. {CURRICULUM_EXAMPLE}")
+            end = _stage_end(part, until.strip(), start, steps)
             self.stages.append((start, end, _stage_sampler(stage)))
+            parts.append(f"{stage}@{end}")
             start = end
+        self.resolved = ",".join(parts)
 
     @property
     def length(self) -> int:
@@ -363,6 +363,30 @@ class Curriculum:
 
 CURRICULUM_EXAMPLE = "l2r@100,mallows:4..0.05@600"
 _STAGE_END = Range(ge=1, le=10**9, integer=True)
+_STAGE_SHARE = Range(gt=0, le=100)
+
+
+def _stage_end(part: str, until: str, start: int, steps: int | None) -> int:
+    """A stage's end step: a whole number above `start`, or a share of the run (``P%`` of `steps`, at
+    least ``start + 1``)."""
+    if until.endswith("%"):
+        try:
+            share = float(_STAGE_SHARE.parse(until[:-1]))
+        except ValueError:
+            raise AOGPTError(f"curriculum stage {part!r}: a share of the run must lie in (0, 100]%",
+                             "e.g. l2r@1%,mallows:4..0.05@30%") from None
+        if steps is None:
+            raise AOGPTError(f"curriculum stage {part!r} ends at a share of the run, whose length is not known here",
+                             "give its end in steps")
+        return max(start + 1, round(share / 100 * steps))
+    try:
+        end = int(_STAGE_END.parse(until))
+    except ValueError:
+        end = None
+    if end is None or end <= start:
+        raise AOGPTError(f"curriculum stage {part!r}: the end step must be a whole number above {start}",
+                         f"list stages with increasing end steps, e.g. {CURRICULUM_EXAMPLE}")
+    return end
 
 
 def _stage_sampler(text: str) -> OrderSampler | tuple[float, float]:
@@ -381,14 +405,16 @@ def _stage_sampler(text: str) -> OrderSampler | tuple[float, float]:
     return make_order_sampler(text)
 
 
-def make_curriculum(spec: str, order: str | OrderSampler, l2r_first_steps: int = 0) -> Curriculum:
-    """The run's orders over training: `spec` (`Curriculum`), then `order`. `l2r_first_steps` = N is
-    the older way to write the curriculum ``l2r@N``."""
+def make_curriculum(spec: str, order: str | OrderSampler, l2r_first_steps: int = 0,
+                    steps: int | None = None) -> Curriculum:
+    """The run's orders over training: `spec` (`Curriculum`), then `order`; stage ends written as shares
+    (``@30%``) are of `steps`, the run's length. `l2r_first_steps` = N is the older way to write the
+    curriculum ``l2r@N``."""
     final = make_order_sampler(order)
     if l2r_first_steps and spec.strip():
         raise AOGPTError("both a curriculum and l2r_first_steps were given", f"write l2r@{l2r_first_steps} as the "
                          "curriculum's first stage instead")
-    return Curriculum(spec if spec.strip() else (f"l2r@{l2r_first_steps}" if l2r_first_steps else ""), final)
+    return Curriculum(spec if spec.strip() else (f"l2r@{l2r_first_steps}" if l2r_first_steps else ""), final, steps)
 
 
 def check_permutation(order: torch.Tensor | list[int], n: int, rows: int | None = None,

@@ -33,10 +33,11 @@ def test_the_adapt_recipe_applies_to_an_adapted_model(hf_models, tmp_path, arch)
     cfg = train_config(RECIPE, "aogpt", init_from=str(tmp_path / "adapted"), batch_size=4, max_minutes=0.0,
                        weight_decay=0.0, max_steps=1000)
     t = Trainer(adapted.config, cfg, RandomTokens(250), None, show_progress=False)
-    assert t.teacher is not None and t.replay_from == make_curriculum(cfg.curriculum, cfg.order).stages[0][1]
+    stages = make_curriculum(cfg.curriculum, cfg.order, steps=cfg.decay_steps)
+    assert t.teacher is not None and t.replay_from == stages.stages[0][1]
     # the order schedule: left to right first (no replay needed), mixed orders once the curriculum is over
     assert bool(left_to_right_rows(t._global_batch()[1]).all())
-    t.step = make_curriculum(cfg.curriculum, cfg.order).length + 5
+    t.step = stages.length + 5
     assert not bool(left_to_right_rows(t._global_batch()[1]).all())
     t.step = 0
     # the rates: Adam's first move is the group's rate per weight (its gradient far above eps; no weight decay)

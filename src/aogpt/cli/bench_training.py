@@ -102,31 +102,38 @@ def add_training_benchmarks(sub: Any) -> None:
     run_flags(s, checkpoints=False, device=False)
     s.set_defaults(func=run_recipe)
 
-    t = sub.add_parser("adapt", help="fine-tuning recipes for an adapted GPT against AO-GPT from scratch, at equal "
-                       "compute", description="Per seed, on Shakespeare (bpe:512) at the quickstart size: our GPT "
+    t = sub.add_parser("adapt", help="fine-tuning recipes for an adapted GPT against AO-GPT from scratch",
+                       description="Per seed, on Shakespeare (bpe:512) at the quickstart size (or --width): our GPT "
                        "trained S steps, adapted (aogpt adapt) and fine-tuned F steps with each candidate recipe, "
-                       "against AO-GPT from scratch for S + F steps and the GPT trained F more steps left to right; "
-                       "scored left to right and in a random order in bits per byte. Every finished path is kept in "
-                       "--work and reused (so several processes can share a study with --only); writes DIR/adapt.md, "
-                       ".json and .png after every seed. One thread unless --threads.")
-    t.add_argument("--steps", type=int_arg(ge=1, le=10**7), default=400, metavar="S",
-                   help="the source GPT's training steps (default 400)")
-    t.add_argument("--finetune", type=int_list, default=(200, 400), metavar="F[,F...]",
-                   help="fine-tuning steps, one study per value (default 200,400)")
-    t.add_argument("--candidates", type=name_list, default=("plain", "recipe"), metavar="NAME[,NAME...]",
-                   help="fine-tuning recipes (aogpt.bench.adapt.CANDIDATES; default plain,recipe)")
+                       "against AO-GPT from scratch for F steps and for S + F steps (and, with --only l2r, the GPT "
+                       "trained F more steps left to right); scored left to right and in a random order in bits per "
+                       "byte. The defaults are the reduced study (about 10 minutes of one quiet core): the full one "
+                       "is --steps 2000 --finetune 500,1000,2000 --seeds 3. Every finished path is kept in --work and "
+                       "reused, a path under way is checkpointed and resumed; writes DIR/adapt.md, .json and .png "
+                       "after every seed. One thread unless --threads.")
+    t.add_argument("--steps", type=int_arg(ge=1, le=10**7), default=1000, metavar="S",
+                   help="the source GPT's training steps (default 1000)")
+    t.add_argument("--finetune", type=int_list, default=(1000,), metavar="F[,F...]",
+                   help="fine-tuning steps, one study per value (default 1000)")
+    t.add_argument("--candidates", type=name_list, default=None, metavar="NAME[,NAME...]",
+                   help="fine-tuning recipes (aogpt.bench.adapt.CANDIDATES; default: the one the adapt preset is, "
+                   "aogpt.bench.adapt.MEASURED)")
     t.add_argument("--only", type=name_list, default=None, metavar="PATH[,PATH...]",
-                   help="train only these paths (source, l2r, scratch, candidates); the others are read from --work "
-                   "where kept (default: all)")
-    t.add_argument("--seeds", type=int_arg(ge=1, le=1000), default=3, metavar="N", help="seeds (default 3)")
-    t.add_argument("--eval-bytes", type=int_arg(ge=1, le=10**12), default=50_000, metavar="B",
-                   help="score on the first B bytes of the held-out text (default 50000)")
-    t.add_argument("--curve-every", type=int_arg(ge=0, le=10**7), default=100, metavar="K",
-                   help="score the EMA weights every K steps for the curves (default 100; 0: at the end only)")
+                   help="train only these paths (source, scratch, scratch-sf, l2r, candidates); the others are read "
+                   "from --work where kept (default: all but l2r)")
+    t.add_argument("--seeds", type=int_arg(ge=1, le=1000), default=1, metavar="N", help="seeds (default 1)")
+    t.add_argument("--width", type=int_arg(ge=64, le=4096), default=192, metavar="D",
+                   help="the models' width, one head per 64 (default 192, the quickstart's)")
+    t.add_argument("--eval-bytes", type=int_arg(ge=1, le=10**12), default=30_000, metavar="B",
+                   help="score on the first B bytes of the held-out text (default 30000)")
+    t.add_argument("--curve-every", type=int_arg(ge=0, le=10**7), default=250, metavar="K",
+                   help="score the EMA weights every K steps for the curves (default 250; 0: at the end only)")
+    t.add_argument("--save-every", type=int_arg(ge=0, le=10**7), default=250, metavar="K",
+                   help="checkpoint a path under way every K steps, to resume it (default 250; 0: never)")
     t.add_argument("--data-root", type=path_arg, default=Path("data"), metavar="DIR",
                    help="where the prepared Shakespeare folders are (made if missing; default data)")
     t.add_argument("--work", type=path_arg, default=Path("runs/bench-adapt"), metavar="DIR",
-                   help="where the trained paths are kept and reused (default runs/bench-adapt)")
+                   help="where the trained paths are kept and reused (default runs/bench-adapt; one per width)")
     t.add_argument("--threads", type=int_arg(ge=1, le=4096), default=1, metavar="N",
                    help="CPU threads for torch (default 1)")
     run_flags(t, checkpoints=False, device=False)
@@ -158,17 +165,20 @@ def run_adapt(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     steps, finetune, seeds, eval_bytes, curve = args.steps, args.finetune, args.seeds, args.eval_bytes, args.curve_every
+    width = args.width
     if args.quick:
-        steps, finetune, seeds, eval_bytes, curve = 3, (2,), 1, 2000, 0
+        steps, finetune, seeds, eval_bytes, curve, width = 3, (2,), 1, 2000, 0, 64
 
     def say(line: str) -> None:
         if not args.no_progress:
             print(line, file=sys.stderr, flush=True)
 
     work = args.work / "quick" if args.quick else args.work
-    result = bd.run(args.data_root, work, steps=steps, finetune=tuple(finetune), candidates=tuple(args.candidates),
-                    seeds=seeds, seed=args.seed, only=tuple(args.only or bd.PATHS), eval_bytes=eval_bytes,
-                    curve_every=curve, out=args.out, progress=say)
+    only = tuple(args.only or (p for p in bd.PATHS if p != "l2r"))
+    result = bd.run(args.data_root, work, steps=steps, finetune=tuple(finetune),
+                    candidates=tuple(args.candidates or (bd.MEASURED,)), seeds=seeds, seed=args.seed, only=only,
+                    eval_bytes=eval_bytes, curve_every=curve, width=width, save_every=args.save_every, out=args.out,
+                    progress=say)
     return report(args, "bench adapt", result, to_markdown(result))
 
 

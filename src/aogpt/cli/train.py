@@ -150,10 +150,11 @@ def _print_plan(plan: Any) -> None:
         length = f"{tc.max_steps:,} steps{limit}"
     print(f"training {mc.variant} ({mc.n_layer} layers, width {mc.n_embd}, context {mc.block_size}) on "
           f"{sequences} x {mc.block_size} tokens a step for {length} -> {plan.out}", flush=True)
-    curriculum = make_curriculum(tc.curriculum, tc.order, tc.l2r_first_steps)
+    curriculum = make_curriculum(tc.curriculum, tc.order, tc.l2r_first_steps, tc.decay_steps)
     orders = f"orders: {curriculum.final.spec}"
     if curriculum.stages:
-        orders = f"orders: {curriculum.spec} (step@end), then {curriculum.final.spec}"
+        shares = f" ({curriculum.spec} of {tc.decay_steps:,} steps)" if "%" in curriculum.spec else ""
+        orders = f"orders: {curriculum.resolved} (step@end{shares}), then {curriculum.final.spec}"
     print(f"{orders}; {schedule.describe()}", flush=True)
     if tc.fim_rate > 0:
         print(f"fill in the middle: {100 * tc.fim_rate:g}% of the rows cut into prefix, middle and suffix ("

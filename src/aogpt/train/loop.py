@@ -199,6 +199,8 @@ def log_window(t: Trainer, window: Any, last: StepResult, bar: Any, seconds_per_
     figures = window.close(flops_per_token=t.flops_per_token, peak=t.peak_flops, devices=t.info.world_size)
     record = {"kind": "train", "step": t.step, "loss": figures["loss"], "lr": last.lr, "grad_norm": last.grad_norm,
               "tokens": t.tokens_seen, **{k: v for k, v in figures.items() if k != "loss"}}
+    if t.cfg.hold_floor < 1 and (t.cfg.replay_l2r > 0 or t.cfg.distill_l2r > 0):
+        record["hold"] = t.hold(t.step - 1)  # the weight of replay and distillation in the last step
     t.log(record)
     bar.set_postfix_str(progress_note(t, figures["loss"], figures["tokens_per_s"], seconds_per_step))
 

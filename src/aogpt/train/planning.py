@@ -471,7 +471,8 @@ def dry_run_report(plan: RunPlan, assume_tflops: float) -> dict[str, Any]:
         "recipe": plan.preset or "-",
         "lr": tc.lr,
         "backbone / target pathway lr": f"{tc.lr * tc.backbone_lr_mult:g} / {tc.lr * tc.target_lr_mult:g}",
-        "left-to-right share (replay)": f"{left_to_right_share(tc):.3f} ({tc.replay_l2r:g})",
+        "left-to-right share (replay)": f"{left_to_right_share(tc):.3f} ({tc.replay_l2r:g})"
+        + (f"; {left_to_right_share(tc, tc.hold_floor):.3f} with the hold at its floor" if tc.hold_floor < 1 else ""),
         "distillation (KL weight)": f"{tc.distill_l2r:g}" + (f", teacher {teacher_bytes / 2**30:.2f} GiB"
                                                               if teacher_bytes else ""),
         "ema decay": tc.ema_decay,

@@ -78,11 +78,15 @@ class LRSchedule:
             return cosine_lr(step, cfg)
         if step < cfg.warmup_steps:
             return cfg.lr * (step + 1) / cfg.warmup_steps
+        return cfg.lr + self.decay_in_rate(step) * (cfg.min_lr - cfg.lr)
+
+    def decay_in_rate(self, step: int) -> float:
+        """wsd: how much of the decay step `step`'s rate has: 0 before it, 1 at its last step (which runs at
+        `min_lr`), linear between. What else follows the decay (the recipe's hold) reads it here."""
         start, length = (self.decay_start, self.decay_steps) if self.decay_start is not None else self._planned_decay()
         if step < start:
-            return cfg.lr
-        done = min(1.0, (step - start + 1) / max(length, 1))  # the last step of the decay runs at min_lr
-        return cfg.lr + done * (cfg.min_lr - cfg.lr)
+            return 0.0
+        return min(1.0, (step - start + 1) / max(length, 1))
 
     def observe(self, step: int, train_seconds: float, seconds_per_step: float) -> bool:
         """After `step` steps and `train_seconds` of training at `seconds_per_step`: begin the decay if

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,6 +122,7 @@ class OptimizerStep:
     accum: int
     schedule: LRSchedule
     teacher: nn.Module | None = None  # the frozen start, for `distill_l2r` (aogpt.train.recipe)
+    hold: Callable[[int], float] | None = None  # the weight of distillation at a step (recipe.Hold; None: 1)
 
     def __call__(self, step: int, idx_all: torch.Tensor, order_all: torch.Tensor, order_gen: torch.Generator,
                  last_checkpoint: Path | None = None) -> StepResult:
@@ -128,7 +130,8 @@ class OptimizerStep:
         lr = self.schedule.lr(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
-        total = self._accumulate(idx_all, order_all, order_gen)
+        weight = self.cfg.distill_l2r * (self.hold(step) if self.hold is not None else 1.0)
+        total = self._accumulate(idx_all, order_all, order_gen, weight)
         if step < self.cfg.freeze_backbone_steps:  # only the target pathway learns: AdamW skips a None gradient
             learning = {id(p) for p in unwrap(self.model).target_pathway().values()}
             for p in self.model.parameters():
@@ -149,8 +152,10 @@ class OptimizerStep:
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(loss=loss_value, lr=lr, grad_norm=float(grad_norm))
 
-    def _accumulate(self, idx_all: torch.Tensor, order_all: torch.Tensor, order_gen: torch.Generator) -> torch.Tensor:
-        """Forward and backward over this rank's micro-batches; the summed (detached) mean loss."""
+    def _accumulate(self, idx_all: torch.Tensor, order_all: torch.Tensor, order_gen: torch.Generator,
+                    distill: float) -> torch.Tensor:
+        """Forward and backward over this rank's micro-batches (`distill`: the KL weight of this step); the
+        summed (detached) mean loss."""
         B, world, total = self.cfg.batch_size, self.info.world_size, torch.zeros((), device=self.device)
         for micro in range(self.accum):
             start = (micro * world + self.info.rank) * B
@@ -161,8 +166,7 @@ class OptimizerStep:
                 if self.teacher is None:
                     loss = training_loss(self.step_model, idx, order, order_gen) / self.accum
                 else:
-                    loss = distilled_loss(self.step_model, self.teacher, idx, order, self.cfg.distill_l2r,
-                                          order_gen) / self.accum
+                    loss = distilled_loss(self.step_model, self.teacher, idx, order, distill, order_gen) / self.accum
             loss.backward()
             total += loss.detach()
         return total

@@ -71,7 +71,7 @@ class Trainer:
         self.sequences_per_step = cfg.batch_size * self.accum * self.info.world_size
         self.tokens_per_step = self.sequences_per_step * self.block_size
         self.family = family(model_cfg.variant)
-        self.orders = make_curriculum(cfg.curriculum, cfg.order, cfg.l2r_first_steps)
+        self.orders = make_curriculum(cfg.curriculum, cfg.order, cfg.l2r_first_steps, cfg.decay_steps)
         self.order_sampler = self.orders.final
         self.family.check_order(self.order_sampler)
         if self.orders.stages and not self.family.causal:
@@ -88,10 +88,12 @@ class Trainer:
             raise AOGPTError("fim_rate needs a model whose vocabulary holds the fill-in-the-middle sentinels",
                              "train it with aogpt train --fim-rate (which adds them), or set fim_rate 0")
         self.schedule = LRSchedule(cfg)
+        self.hold = recipe.Hold(cfg, self.block_size, self.schedule)  # how much replay and distillation weigh
         self.metrics = MetricsLog(self.out, self.info.is_main)
         self._build_model()
         self.optimizer_step = OptimizerStep(self.model, self.step_model, self.optimizer, cfg, self.info,
-                                            self.device, self.amp, self.accum, self.schedule, self.teacher)
+                                            self.device, self.amp, self.accum, self.schedule, self.teacher,
+                                            self.hold)
         self.validation = Validation(data, cfg, self.block_size, self.family, self.info, self.device, self.amp)
         self.peak_flops = peak_flops(self.device)
         self.flops_per_token = flops_per_token(model_cfg, self.block_size)
@@ -146,7 +148,7 @@ class Trainer:
             idx = fim_rows(idx, self.cfg.fim_rate, self.cfg.fim_spm_rate, self.fim, self.fim_gen)
         order = self.orders.sample(self.step, self.sequences_per_step, self.block_size, self.device, self.order_gen)
         if self.cfg.replay_l2r > 0 and self.step >= self.replay_from:
-            order = recipe.replay_rows(order, self.cfg.replay_l2r, self.order_gen)
+            order = recipe.replay_rows(order, self.cfg.replay_l2r * self.hold(self.step), self.order_gen)
         return idx, order
 
     def warm_up(self) -> float:
