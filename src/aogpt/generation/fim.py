@@ -34,7 +34,8 @@ from aogpt.errors import AOGPTError
 from aogpt.families import unwrap
 from aogpt.generation.conditioning import parse_template
 from aogpt.generation.decoder import DecoderSampler
-from aogpt.generation.generate import GenerationResult, make_generators
+from aogpt.generation.generate import GenerationResult
+from aogpt.generation.streams import SequenceStreams
 from aogpt.generation.settings import GenerationSettings, settings_from
 
 METHOD = "fim"
@@ -88,13 +89,14 @@ def _rows(prefix: torch.Tensor, suffix: torch.Tensor, sentinels: Sentinels) -> t
 
 
 def _draw(model: torch.nn.Module, rows: torch.Tensor, k: int, settings: GenerationSettings, sampling: Any,
-          gen: torch.Generator, progress: Callable[[int], None] | None) -> torch.Tensor:
-    """k tokens after each row (B, m), left to right with the KV cache: (B, k)."""
+          streams: SequenceStreams, progress: Callable[[int], None] | None) -> torch.Tensor:
+    """k tokens after each row (B, m), left to right with the KV cache: (B, k); each sequence's draws
+    from its own stream (`streams`), so a seed decides a sample whatever the batch size."""
     B, m = rows.shape
     device = next(model.parameters()).device
     chain = torch.arange(m + k, device=device).expand(B, m + k)
     sampler = DecoderSampler(model, chain, rows.to(device), np.ones((B, k), dtype=np.int64), settings)
-    return sampler.run(sampling, gen, progress)[:, m:].cpu()
+    return sampler.run(sampling, streams, progress)[:, m:].cpu()
 
 
 @torch.inference_mode()
@@ -121,7 +123,6 @@ def fim_fill(model: Any, template: Any, *, tokenizer: Any = None, length: int | 
     sampling = dataclasses.replace(settings.sampling, vocab_limit=sentinels.text_limit).validate()
     if seed is None:
         seed = int.from_bytes(np.random.default_rng().bytes(8), "little") >> 2
-    gen = make_generators(int(seed), next(core.parameters()).device).tokens
     was_training = core.training
     core.eval()
     t0 = time.perf_counter()
@@ -129,9 +130,10 @@ def fim_fill(model: Any, template: Any, *, tokenizer: Any = None, length: int | 
     try:
         for start in range(0, num_samples, settings.batch_size):
             tokens = base.expand(min(settings.batch_size, num_samples - start), n).clone()
+            streams = SequenceStreams(int(seed), start, tokens.shape[0])
             for a, b in gaps(known):
                 prefix, suffix = sides(tokens, known, (a, b), room(core, b - a))
-                tokens[:, a:b] = _draw(core, _rows(prefix, suffix, sentinels), b - a, settings, sampling, gen,
+                tokens[:, a:b] = _draw(core, _rows(prefix, suffix, sentinels), b - a, settings, sampling, streams,
                                        progress)
             out.append(tokens)
     finally:
@@ -166,14 +168,14 @@ def fim_middles(model: Any, prefix: Any, suffix: Any, *, max_tokens: int, num_sa
         raise AOGPTError(f"the sides ({len(row)} tokens with the sentinels) and up to {max_tokens} middle tokens do "
                          f"not fit the context of {core.config.block_size}", "use shorter sides or fewer tokens")
     seed = int.from_bytes(np.random.default_rng().bytes(8), "little") >> 2 if seed is None else int(seed)
-    gen = make_generators(seed, next(core.parameters()).device).tokens
     was_training = core.training
     core.eval()
     out: list[list[int]] = []
     try:
         for start in range(0, num_samples, settings.batch_size):
             rows = row.expand(min(settings.batch_size, num_samples - start), -1)
-            for drawn in _draw(core, rows, max_tokens, settings, sampling, gen, None).tolist():
+            streams = SequenceStreams(seed, start, rows.shape[0])
+            for drawn in _draw(core, rows, max_tokens, settings, sampling, streams, None).tolist():
                 out.append(drawn[:drawn.index(sentinels.end)] if sentinels.end in drawn else drawn)
     finally:
         core.train(was_training)

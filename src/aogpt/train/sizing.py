@@ -36,8 +36,8 @@ from aogpt.train.step import autocast_dtype
 
 AUTO_PRESET = "auto"
 BASE_PRESET = "quickstart"  # the recipe `auto` sizes: its model fields are the defaults, its train fields kept
-CANDIDATES: tuple[tuple[int, int], ...] = ((96, 2), (128, 2), (192, 3), (256, 4))  # (width, heads): head size 48-64
-MIN_TOKENS_PER_PARAMETER = 3.0  # the study's rule (docs/cpu.md)
+CANDIDATES: tuple[tuple[int, int], ...] = ((64, 2), (96, 2), (128, 2), (192, 3), (256, 4))  # (width, heads)
+MIN_TOKENS_PER_PARAMETER = 6.0  # the study's rule (docs/cpu.md)
 PROBE_STEPS = 3  # timed eager steps per candidate (after 2 untimed)
 L2R_SHARE, RAMP_SHARE = 0.025, 0.15  # the curriculum's stages as shares of the run
 OVERHEAD_SHARE = 0.05  # validation and checkpoints in a time-budgeted run
