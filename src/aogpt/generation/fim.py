@@ -35,8 +35,8 @@ from aogpt.families import unwrap
 from aogpt.generation.conditioning import parse_template
 from aogpt.generation.decoder import DecoderSampler
 from aogpt.generation.generate import GenerationResult
-from aogpt.generation.streams import SequenceStreams
 from aogpt.generation.settings import GenerationSettings, settings_from
+from aogpt.generation.streams import SequenceStreams
 
 METHOD = "fim"
 LABEL = "fill in the middle: each gap left to right after its prefix and the text after it"
