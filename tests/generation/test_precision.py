@@ -33,6 +33,17 @@ def test_the_faster_precision_wins_and_is_probed_once(monkeypatch):
     assert next(model.parameters()).dtype == torch.float32  # the model itself is not converted
 
 
+def test_a_huge_batch_is_probed_at_a_small_one(monkeypatch):
+    """The probe runs before the request's own memory check: it must never cost the whole request."""
+    model = tiny_model("aogpt", vocab=16, block=8, dtype=torch.float32)
+    batches = []
+    monkeypatch.setattr(capability, "native_precision", lambda dtype: True)
+    monkeypatch.setattr(precision, "_timed", lambda m, batch, length: batches.append(batch) or 1.0)
+    monkeypatch.setattr(precision, "_CACHE", {})
+    precision.fastest_precision(model, 100_000)
+    assert batches and set(batches) == {precision.PROBE_MAX_BATCH}
+
+
 def test_a_real_probe_returns_fp32_without_bf16(monkeypatch, as_cpu):
     """The sibling of the real probe on a CPU without bf16 units (an AVX2 CPU, or the switch): fp32,
     said so, and nothing timed."""

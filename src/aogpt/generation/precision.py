@@ -4,7 +4,7 @@ bf16 weights make a large matrix product about 3.5x faster than fp32 on a CPU wi
 a decode step multiplies a few rows by each weight, where the gain shrinks or vanishes (conversions,
 small-block kernels, attention over a growing cache), and it depends on the model's width and
 vocabulary. So ``--dtype auto`` for generation is decided by a probe: `fastest_precision` times
-a short generation (one token per step, the caller's batch) of the model at hand in fp32 and in
+a short generation (one token per step, the caller's batch up to 64) of the model at hand in fp32 and in
 bf16, interleaved, and keeps the faster; the answer is cached for the process, keyed by the model's
 shapes, the batch, the device and the thread count. Where bf16 is not native (`aogpt.capability`: no
 avx512_bf16 / AMX / ARM bf16) it is fp32 without a probe; on CUDA it is bf16. docs/generation.md has
@@ -23,6 +23,8 @@ from aogpt import capability
 
 PROBE_LENGTH = 32  # tokens generated per probe run: enough steps to amortise the per-call set-up
 PROBE_ROUNDS = 3  # interleaved fp32 / bf16 runs, median of each
+PROBE_MAX_BATCH = 64  # past this a step's products are large enough that bf16's rate decides; a bigger probe
+# would cost the user's whole request (and run before the request's own memory check)
 _CACHE: dict[tuple, tuple[torch.dtype, str]] = {}
 
 
@@ -49,6 +51,7 @@ def fastest_precision(model: torch.nn.Module, batch: int) -> tuple[torch.dtype, 
     if device.type != "cpu" or not capability.native_precision(torch.bfloat16):
         where = f"this CPU, {capability.cpu_class()}," if device.type == "cpu" else f"this {device.type}"
         return torch.float32, f"fp32 (auto: {where} has no bf16 units)"
+    batch = min(batch, PROBE_MAX_BATCH)
     key = probe_key(model, batch)
     if key not in _CACHE:
         length = min(PROBE_LENGTH, model.config.block_size)
