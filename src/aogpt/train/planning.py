@@ -434,7 +434,8 @@ def _fit_vocab(cfg: ModelConfig, data: Any, model_over: dict[str, Any], resuming
     need = int(tokenizer.vocab_size)
     if resuming or "vocab_size" in model_over:
         have = cfg.vocab_size if resuming else model_over["vocab_size"]
-        checked = apply_overrides(cfg, {"vocab_size": have}, "model config").validate()  # a bad value: its own error
+        # a bad value gets its own error first (the sentinels are checked against the size below)
+        apply_overrides(dataclasses.replace(cfg, fim_tokens=None), {"vocab_size": have}, "model config").validate()
         if have < need:
             raise AOGPTError(
                 f"the data was made with tokenizer {data.meta.get('tokenizer')} ({need} tokens"
@@ -442,7 +443,7 @@ def _fit_vocab(cfg: ModelConfig, data: Any, model_over: dict[str, Any], resuming
                 f"model's vocabulary holds {have}",
                 "prepare the data with the model's tokenizer" if not fim else "raise model.vocab_size",
             )
-        return checked
+        return apply_overrides(cfg, {"vocab_size": have}, "model config").validate()
     return apply_overrides(cfg, {"vocab_size": int(tokenizer.padded_vocab_size)}, "model config").validate()
 
 
