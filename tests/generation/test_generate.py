@@ -15,6 +15,7 @@ import pytest
 import torch
 from scipy import stats
 
+from aogpt.bench import gpu_checks
 from aogpt.config import model_config
 from aogpt.errors import AOGPTError
 from aogpt.generation.generate import generate, infill
@@ -141,40 +142,14 @@ def test_reference_generator_fixture(dtype, atol):
 # ----------------------------------------------------------------------------- exact sampling
 def exact_joint(model: Transformer, n: int, V: int, plans: list[tuple[float, list[int]]]) -> np.ndarray:
     """p(x) for every x in V^n: mean over all n! orders, sum over step plans, of the product of the
-    conditionals each step samples from (computed with `reference_logits`, all x at once)."""
-    xs = torch.tensor(list(itertools.product(range(V), repeat=n)))  # (V^n, n), row index = code of x
-    probs = torch.zeros(len(xs), dtype=torch.float64)
-    orders = list(itertools.permutations(range(n)))
-    for order in orders:
-        chain = torch.tensor(order)
-        y = xs[:, chain]
-        for weight, sizes in plans:
-            p, g = torch.ones(len(xs), dtype=torch.float64), 0
-            for k in sizes:
-                for i in range(g, g + k):
-                    cond = torch.softmax(reference_logits(model, chain, y, g, i).double(), -1)
-                    p = p * cond.gather(1, y[:, i:i + 1])[:, 0]
-                g += k
-            probs += weight * p
-    return (probs / len(orders)).numpy()
+    conditionals each step samples from (the enumeration `aogpt bench gpu` checks a device's sampler with)."""
+    return gpu_checks.exact_joint(model, plans, n=n, V=V)
 
 
 def chi2_pvalue(tokens: torch.Tensor, V: int, probs: np.ndarray, min_expected: float = 5.0) -> float:
-    """Pearson's chi-square of the sample's joint counts against `probs`. Cells expected fewer than
-    `min_expected` times are pooled into one (the test's approximation needs it: otherwise a single
-    draw of a one-in-a-million sequence, a legitimate event, decides it); a draw in a cell of
-    probability 0 fails outright."""
-    n = tokens.shape[1]
-    codes = (tokens * (V ** torch.arange(n - 1, -1, -1))).sum(1).numpy()
-    observed = np.bincount(codes, minlength=V ** n)
-    expected = probs / probs.sum() * observed.sum()
-    if observed[expected == 0].any():
-        return 0.0
-    small = expected < min_expected
-    if small.any():
-        observed = np.append(observed[~small], observed[small].sum())
-        expected = np.append(expected[~small], expected[small].sum())
-    return float(stats.chisquare(observed, expected).pvalue)
+    """Pearson's chi-square of the sample's joint counts against `probs`, cells expected fewer than
+    `min_expected` times pooled, a draw of probability 0 failing outright (`aogpt.bench.gpu_checks`)."""
+    return gpu_checks.chi2_pvalue(tokens, probs, V=V, min_expected=min_expected)
 
 
 def tiny_model_in(dtype: torch.dtype, variant: str, **kw) -> Transformer:
