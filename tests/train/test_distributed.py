@@ -39,6 +39,7 @@ def aogpt(*args, procs=1):
     return result
 
 
+@pytest.mark.slow
 def test_ddp_and_fsdp_match_one_process_and_resume(tmp_path, bytes_data):
     common = ["train", "--preset", "tiny", "--data", bytes_data, "--no-progress", "--device", "cpu",
               "--global-batch-tokens", 512, "--batch-size", 8, "--set", "train.eval_interval=2",
