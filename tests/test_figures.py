@@ -64,25 +64,28 @@ def test_the_check_fails_on_a_missing_key_or_file(tmp_path: Path) -> None:
 def test_number_forms_and_key_paths(tmp_path: Path) -> None:
     (tmp_path / "r.json").write_text(json.dumps({
         "steps": 10210, "bpb": 2.2733, "share": 0.6295, "pct": 63.0, "ratio": 5.97, "neg": -0.284,
-        "rows": [{"n": 128, "ms": 2.94}, {"n": 512, "ms": 3.44, "name": "a.b"}], "text": "x"}))
+        "rows": [{"n": 128, "ms": 2.94}, {"n": 512, "ms": 3.44, "name": "a.b"}], "text": "x", "e": 0.00494}))
     doc = tmp_path / "d.md"
     doc.write_text(
         "| **10,210**<!-- fig: r.json#steps --> | **2.27 bits/byte**<!-- fig: r.json#bpb --> |\n"
         "63%<!-- fig: r.json#share --> and 63%<!-- fig: r.json#pct -->, 6.0×<!-- fig: r.json#ratio -->, "
         "5.97x<!-- fig: r.json#ratio -->, −0.284<!-- fig: r.json#neg -->\n"
         "3.44 ms<!-- fig: r.json#rows.n=512.ms -->, 2.94<!-- fig: r.json#rows.0.ms -->, "
-        "3.44<!-- fig: r.json#rows.-1.ms -->\n")
+        "3.44<!-- fig: r.json#rows.-1.ms -->\n"
+        "2,273 ms<!-- fig: r.json#bpb *1000 --> and 0.0102 M<!-- fig: r.json#steps /1e6 -->, "
+        "4.9e-3<!-- fig: r.json#e -->\n")
     figures, problems = check(tmp_path, [doc])
     assert not problems, problems
     assert [f.shown for f in figures] == ["10,210", "2.27", "63", "63", "6.0", "5.97", "−0.284", "3.44", "2.94",
-                                          "3.44"]
+                                          "3.44", "2,273", "0.0102", "4.9e-3"]
     doc.write_text(
         "2.28<!-- fig: r.json#bpb -->\n6.1×<!-- fig: r.json#ratio -->\n10,211<!-- fig: r.json#steps -->\n"
         "62%<!-- fig: r.json#share -->\n1<!-- fig: r.json#text -->\n1<!-- fig: r.json#rows.n=256.ms -->\n"
         "1<!-- fig: r.json#rows.2 -->\n1<!-- fig: r.json#steps.x -->\nnothing <!-- fig: r.json#steps -->\n"
-        "1<!-- fig: gone.json#steps -->\n")
+        "1<!-- fig: gone.json#steps -->\n2,274<!-- fig: r.json#bpb *1000 -->\n5.0e-3<!-- fig: r.json#e -->\n")
     problems = check(tmp_path, [doc])[1]
-    assert [p.split(":")[1] for p in problems] == [str(i) for i in range(1, 11)], problems
+    assert [p.split(":")[1] for p in problems] == [str(i) for i in range(1, 13)], problems
+    assert "*1000 = 2273.3" in problems[10] and "rounds to 0.0049" in problems[11]
     assert "rounds to 2.27" in problems[0] and "not a number" in problems[4] and "no element" in problems[5]
     assert "without a number" in problems[8] and "no such file" in problems[9]
 

@@ -12,7 +12,9 @@ and its marker may stand bold markers, a unit or a trailing ``x``/``×``/``%`` (
 "45 s", "63%"); thousands separators are read as such, and so is an exponent
 ("4.9e-3"). A figure shown with ``%`` whose stored value
 is a fraction (at most 1 in size) is compared as that fraction times 100, so a results file can keep
-shares as fractions.
+shares as fractions. A figure in other units than its file's names the factor after the key:
+``198.7<!-- fig: train.json#seconds_per_step.aogpt/auto/compiled *1000 -->`` (milliseconds from
+seconds; ``/1e6`` for millions).
 
 Why a checker and not a convention: documents and results files drift apart as code and runs
 change; a number that names its file can be compared by the suite, and fails the suite when either
@@ -32,7 +34,7 @@ from typing import Any
 MARKER = re.compile(
     r"(?P<number>[-+−]?\d(?:[\d,]*\d)?(?:\.\d+)?(?:e[-+−]?\d+)?)"
     r"(?P<suffix>\**[ \u00a0]?(?:[x×%]|[A-Za-zµ/]{1,12})?\**)"
-    r"<!--\s*fig:\s*(?P<path>[^#\s]+)#(?P<key>\S+?)\s*-->"
+    r"<!--\s*fig:\s*(?P<path>[^#\s]+)#(?P<key>\S+?)(?:\s+(?P<scale>[*/])\s*(?P<factor>\d[\d.e+-]*))?\s*-->"
 )
 OPEN_MARKER = re.compile(r"<!--\s*fig:")
 
@@ -47,9 +49,11 @@ class Figure:
     suffix: str
     path: str
     key: str
+    scale: str = ""  # "*1000" or "/1e6": the stored value times or over this before it is compared
 
     def __str__(self) -> str:
-        return f"{self.doc}:{self.line}: {self.shown}{self.suffix} <- {self.path}#{self.key}"
+        scale = f" {self.scale}" if self.scale else ""
+        return f"{self.doc}:{self.line}: {self.shown}{self.suffix} <- {self.path}#{self.key}{scale}"
 
 
 def find_figures(text: str, doc: str = "") -> list[Figure]:
@@ -60,7 +64,8 @@ def find_figures(text: str, doc: str = "") -> list[Figure]:
         matched = set()
         for m in MARKER.finditer(line):
             matched.add(m.start("path"))
-            figures.append(Figure(doc, lineno, m["number"], m["suffix"], m["path"], m["key"]))
+            scale = f"{m['scale']}{m['factor']}" if m["scale"] else ""
+            figures.append(Figure(doc, lineno, m["number"], m["suffix"], m["path"], m["key"], scale))
         for m in OPEN_MARKER.finditer(line):
             rest = re.match(r"<!--\s*fig:\s*(?P<path>[^#\s]*)#?(?P<key>\S*?)\s*-->", line[m.start():])
             if rest and m.start() + rest.start("path") not in matched:
@@ -118,11 +123,15 @@ def mismatch(figure: Figure, stored: Any) -> str | None:
     exponent = shown.as_tuple().exponent
     decimals = -exponent if isinstance(exponent, int) and exponent < 0 else 0
     value = Decimal(repr(float(stored)))
-    if "%" in figure.suffix and abs(value) <= 1:
+    if figure.scale:
+        factor = Decimal(figure.scale[1:])
+        value = value * factor if figure.scale[0] == "*" else value / factor
+    elif "%" in figure.suffix and abs(value) <= 1:
         value *= 100
     if abs(value - shown) <= Decimal(5).scaleb(-decimals - 1) * Decimal("1.000001"):
         return None
-    return f"shows {figure.shown}, the file has {stored!r} (rounds to {round(value, decimals)})"
+    scaled = f" {figure.scale} = {value.normalize()}" if figure.scale else ""
+    return f"shows {figure.shown}, the file has {stored!r}{scaled} (rounds to {round(value, decimals)})"
 
 
 def check(root: Path, docs: list[Path]) -> tuple[list[Figure], list[str]]:
