@@ -103,3 +103,5 @@ def test_lookup_names_what_is_missing() -> None:
     with pytest.raises(KeyError, match="no element with n = '3'"):
         lookup({"a": [{"n": 1}, {"n": 2}]}, "a.n=3")
     assert lookup({"a": [{"n": 1.0, "v": 5}, {"n": 2, "v": 6}]}, "a.n=1.v") == 5  # numbers match by value
+    spaced = {"rows": {"fim both L=8": {"mean": 1}}, "list": [{"name": "a b.c", "v": 2}]}
+    assert lookup(spaced, "rows.fim%20both%20L=8.mean") == 1 and lookup(spaced, "list.name=a%20b%2Ec.v") == 2

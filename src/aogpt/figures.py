@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 # The number, then (optionally) closing bold, a unit or x / × / %, then the marker.
 MARKER = re.compile(
@@ -74,16 +75,19 @@ def find_figures(text: str, doc: str = "") -> list[Figure]:
 
 
 def lookup(data: Any, key: str) -> Any:
-    """The value at a dot-separated key path; KeyError naming the first segment that is not there."""
+    """The value at a dot-separated key path; KeyError naming the first segment that is not there.
+    Segments are percent-decoded: a key with a space or a dot is written with ``%20`` or ``%2E``
+    (``rows.fim%20both%20L=8%20smaller``), the ``=`` of a ``field=value`` segment as it is."""
     value = data
     for segment in key.split("."):
         if isinstance(value, dict):
-            if segment not in value:
-                raise KeyError(f"no key {segment!r} (has {', '.join(map(str, list(value)[:12]))})")
-            value = value[segment]
+            name = unquote(segment)
+            if name not in value:
+                raise KeyError(f"no key {name!r} (has {', '.join(map(str, list(value)[:12]))})")
+            value = value[name]
         elif isinstance(value, list):
             if "=" in segment:
-                field, want = segment.split("=", 1)
+                field, want = map(unquote, segment.split("=", 1))
                 found = [v for v in value if isinstance(v, dict) and field in v and _same(v[field], want)]
                 if not found:
                     raise KeyError(f"no element with {field} = {want!r}")
