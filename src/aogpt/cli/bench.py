@@ -200,8 +200,8 @@ def _size(args: argparse.Namespace, quick: Any) -> Any:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from aogpt.bench import generate as bg
     from aogpt.bench.common import parse_checkpoints
+    from aogpt.bench.generation import generate as bg
 
     setup(args)
     q = bg.QUICK
@@ -231,14 +231,14 @@ def run_generate(args: argparse.Namespace) -> int:
             memory_buffer=q["memory_buffer"] if args.quick else None)
     finally:
         bar.close()
-    from aogpt.bench.generate_report import to_markdown
+    from aogpt.bench.generation.generate_report import to_markdown
 
     return report(args, "bench generate", result, to_markdown(result))
 
 
 def run_speculative(args: argparse.Namespace) -> int:
     from aogpt.bench.common import parse_checkpoints, parse_int_list
-    from aogpt.bench.speculative import bench_speculative, to_markdown
+    from aogpt.bench.generation.speculative import bench_speculative, to_markdown
     from aogpt.checkpoint import load
 
     setup(args)
@@ -265,8 +265,8 @@ def run_speculative(args: argparse.Namespace) -> int:
 
 
 def run_density(args: argparse.Namespace) -> int:
-    from aogpt.bench import density as bd
     from aogpt.bench.common import parse_checkpoints
+    from aogpt.bench.generation import density as bd
 
     setup(args)
     q = bd.QUICK
@@ -284,7 +284,7 @@ def run_density(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from aogpt.bench import train_step as bt
+    from aogpt.bench.training import train_step as bt
 
     setup(args)
     q = bt.QUICK
@@ -314,7 +314,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from aogpt.bench import eval as be
+    from aogpt.bench.training import eval as be
 
     setup(args)
     q, d = be.QUICK, be.DEFAULTS
@@ -335,7 +335,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def run_prepare(args: argparse.Namespace) -> int:
-    from aogpt.bench import prepare as bp
+    from aogpt.bench.training import prepare as bp
     from aogpt.io import ensure_writable_dir
 
     ensure_writable_dir(args.out)

@@ -1,4 +1,4 @@
-"""`aogpt bench gpu`: check and measure every GPU path in one run of under 8 minutes (`aogpt.bench.gpu`;
+"""`aogpt bench gpu`: check and measure every GPU path in one run of under 8 minutes (`aogpt.bench.gpu.run`;
 docs/gpu.md). Exit status 0 when every check passed, 1 when one failed or a part broke, 2 on bad input."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def add_gpu_benchmark(sub: Any) -> None:
 
 
 def _parts(spec: str | None) -> list[str] | None:
-    from aogpt.bench.gpu_plan import PARTS
+    from aogpt.bench.gpu.plan import PARTS
 
     if spec is None:
         return None
@@ -49,8 +49,8 @@ def _parts(spec: str | None) -> list[str] | None:
 def run_gpu(args: argparse.Namespace) -> int:
     import torch
 
-    from aogpt.bench.gpu_plan import FULL, QUICK, estimate
-    from aogpt.bench.gpu_report import plan_markdown
+    from aogpt.bench.gpu.plan import FULL, QUICK, estimate
+    from aogpt.bench.gpu.report import plan_markdown
 
     only = _parts(args.parts)
     plan = QUICK if args.quick else FULL
@@ -69,7 +69,7 @@ def run_gpu(args: argparse.Namespace) -> int:
         raise AOGPTError(f"the full plan needs a CUDA device, and this run has {device}",
                          "run it on a machine with a GPU, or pass --quick for the tiny plan on the CPU")
     setup(args)
-    from aogpt.bench.gpu import Run, default_parts
+    from aogpt.bench.gpu.run import Run, default_parts
     from aogpt.io import directory_lock
 
     parts = {p: f for p, f in default_parts().items() if only is None or p in only}
@@ -84,7 +84,7 @@ def run_gpu(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         close()
-    from aogpt.bench.gpu_report import to_markdown
+    from aogpt.bench.gpu.report import to_markdown
 
     print(to_markdown(summary))
     if summary["files"]:

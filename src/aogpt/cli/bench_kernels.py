@@ -1,5 +1,5 @@
 """`aogpt bench attention`: the exact attention kernels side by side at a model's shapes, with the
-kernel `auto` picks marked (`aogpt.bench.attention`; docs/benchmarks.md)."""
+kernel `auto` picks marked (`aogpt.bench.generation.attention`; docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ def add_kernel_benchmarks(sub: Any) -> None:
 
 
 def run_attention(args: argparse.Namespace) -> int:
-    from aogpt.bench.attention import bench_attention
-    from aogpt.bench.attention import to_markdown as attention_markdown
+    from aogpt.bench.generation.attention import bench_attention
+    from aogpt.bench.generation.attention import to_markdown as attention_markdown
     from aogpt.device import resolve_device
     from aogpt.precision import WEIGHTS, parse_list, usable_only
 

@@ -1,5 +1,5 @@
 """`aogpt bench serve`: the HTTP server under concurrent clients against the same requests one at a
-time, and a bounded soak (`aogpt.bench.serve`; docs/serve.md)."""
+time, and a bounded soak (`aogpt.bench.serve.clients`; docs/serve.md)."""
 
 from __future__ import annotations
 
@@ -49,11 +49,11 @@ def add_serve_benchmark(sub: Any) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     import torch
 
-    from aogpt.bench.serve import QUICK, bench_serve, to_markdown
+    from aogpt.bench.serve.clients import QUICK, bench_serve, to_markdown
 
     setup(args)
     if args.workload == "mixed":
-        from aogpt.bench.serve_soak import to_markdown as soak_markdown
+        from aogpt.bench.serve.soak import to_markdown as soak_markdown
 
         clients = args.clients or (8 if args.quick else MIXED["clients"])
         duration = args.duration if args.duration is not None else 20.0 if args.quick else MIXED["duration"]

@@ -116,8 +116,8 @@ def add_training_benchmarks(sub: Any) -> None:
     t.add_argument("--finetune", type=int_list, default=(1000,), metavar="F[,F...]",
                    help="fine-tuning steps, one study per value (default 1000)")
     t.add_argument("--candidates", type=name_list, default=None, metavar="NAME[,NAME...]",
-                   help="fine-tuning recipes (aogpt.bench.adapt.CANDIDATES; default: the one the adapt preset is, "
-                   "aogpt.bench.adapt.MEASURED)")
+                   help="fine-tuning recipes (aogpt.bench.training.adapt.CANDIDATES; default: the one the adapt "
+                   "preset is, aogpt.bench.training.adapt.MEASURED)")
     t.add_argument("--only", type=name_list, default=None, metavar="PATH[,PATH...]",
                    help="train only these paths (source, scratch, scratch-sf, l2r, candidates); the others are read "
                    "from --work where kept (default: all but l2r)")
@@ -160,8 +160,8 @@ def name_list(text: str) -> tuple[str, ...]:
 def run_adapt(args: argparse.Namespace) -> int:
     import torch
 
-    from aogpt.bench import adapt as bd
-    from aogpt.bench.adapt_report import to_markdown
+    from aogpt.bench.training import adapt as bd
+    from aogpt.bench.training.adapt_report import to_markdown
 
     torch.set_num_threads(args.threads)
     steps, finetune, seeds, eval_bytes, curve = args.steps, args.finetune, args.seeds, args.eval_bytes, args.curve_every
@@ -183,8 +183,8 @@ def run_adapt(args: argparse.Namespace) -> int:
 
 
 def run_adaptive(args: argparse.Namespace) -> int:
-    from aogpt.bench import adaptive as ba
     from aogpt.bench.common import parse_checkpoints
+    from aogpt.bench.generation import adaptive as ba
 
     d = ba.QUICK if args.quick else ba.DEFAULTS
 
@@ -212,7 +212,7 @@ def run_adaptive(args: argparse.Namespace) -> int:
             plain_start=args.plain_start)
     finally:
         bar.close()
-    from aogpt.bench.adaptive_report import to_markdown
+    from aogpt.bench.generation.adaptive_report import to_markdown
 
     return report(args, "bench adaptive", result, to_markdown(result))
 
@@ -220,7 +220,7 @@ def run_adaptive(args: argparse.Namespace) -> int:
 def run_recipe(args: argparse.Namespace) -> int:
     import torch
 
-    from aogpt.bench import recipe as br
+    from aogpt.bench.training import recipe as br
 
     torch.set_num_threads(args.threads)
     names = [n.strip() for n in args.candidates.split(",") if n.strip()] if args.candidates else []
