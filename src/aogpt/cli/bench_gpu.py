@@ -15,8 +15,8 @@ from aogpt.errors import AOGPTError
 HELP = "check and measure every GPU path (correctness, Figure 5, training throughput, DDP/FSDP2) in < 8 minutes"
 
 
-def add_gpu_benchmark(sub: Any) -> None:
-    """Register `gpu` under `aogpt bench`."""
+def add_gpu(sub: Any) -> None:
+    """`aogpt bench gpu`."""
     g = sub.add_parser("gpu", help=HELP, description=(
         "On the first CUDA device: correctness checks (attention kernels, KV cache = recomputation in fp32 and "
         "bf16, a chi-square test of the sampler's law, likelihood and a training step against the CPU, a "
@@ -134,3 +134,7 @@ def _reporter(total: int, args: argparse.Namespace) -> tuple[Any, Any]:
             bar.close()
 
     return say, close
+
+
+BENCHMARKS = {"gpu": add_gpu}
+"""Each benchmark of this room and what registers it under `aogpt bench` (cli/bench.py calls them)."""

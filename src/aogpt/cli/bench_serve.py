@@ -14,8 +14,8 @@ MIXED = {"clients": 32, "duration": 600.0}  # the mixed soak's defaults (--quick
 MAX_CLIENTS = 256
 
 
-def add_serve_benchmark(sub: Any) -> None:
-    """Register `serve` under `aogpt bench`."""
+def add_serve(sub: Any) -> None:
+    """`aogpt bench serve`."""
     s = sub.add_parser("serve", help="the HTTP server: N concurrent clients against one request at a time",
                        description="Start `aogpt serve` on the loopback interface, send the same requests (each its "
                        "own seed) one at a time and from N concurrent clients, round after round: tokens/s, p50/p99 "
@@ -74,3 +74,7 @@ def run_serve(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     return report(args, "bench serve", result, to_markdown(result))
+
+
+BENCHMARKS = {"serve": add_serve}
+"""Each benchmark of this room and what registers it under `aogpt bench` (cli/bench.py calls them)."""

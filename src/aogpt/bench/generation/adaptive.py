@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from aogpt.bench.common import Target, environment, write_outputs
+from aogpt.bench.common import Target, write_outputs
+from aogpt.bench.environment import environment, finish_environment
 from aogpt.bench.generation.adaptive_report import plot_solve_rates, to_markdown
 from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
@@ -219,6 +220,8 @@ def bench_adaptive(*, task: str = "walk", train_steps: int = 2500, solutions: in
     checkpoints = dict(checkpoints or {})
     work = Path(work if work is not None else DEFAULT_WORK)
     dev = resolve_device(device)
+    # trained at the training default (auto), puzzles solved and spreads scored with the loaded fp32 weights
+    env = environment(dev, ["auto", "fp32"])
     corpus = PREFIX + t.name
     data = prepared_corpus(corpus, work, seed, show_progress, solutions)
     block = data.record_tokens
@@ -287,7 +290,7 @@ def bench_adaptive(*, task: str = "walk", train_steps: int = 2500, solutions: in
                         "width": width, "heads": heads, "batch": batch,
                         "lr": lr, "text_steps": text_steps if trained_text else None, "plain_start": plain_start},
               "runs": runs, "text_run": text_run, "seed": seed, "solve": rows, "spread": spreads,
-              "environment": environment(dev)}
+              "environment": finish_environment(env)}
     result["targets"] = targets(rows)
     if out is not None:
         result["files"] = write_outputs(out, "adaptive", to_markdown(result), result)

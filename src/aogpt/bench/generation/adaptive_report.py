@@ -7,7 +7,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from aogpt.bench.common import describe_environment, markdown_table
+from aogpt.bench.common import markdown_table
+from aogpt.bench.environment import describe_environment
 from aogpt.plots import pyplot
 
 LABELS = {"aogpt": "AO-GPT", "encoder-mdm": "encoder-only MDM"}

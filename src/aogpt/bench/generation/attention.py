@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from aogpt.attention import AttentionMask, attend, choose_kernel
-from aogpt.bench.common import environment, fmt_seconds, markdown_table, sync, timed_cpu, write_outputs
+from aogpt.bench.common import fmt_seconds, markdown_table, sync, timed_cpu, write_outputs
+from aogpt.bench.environment import describe_environment, environment, finish_environment
 from aogpt.device import resolve_device
 from aogpt.precision import to_dtype
 
@@ -53,6 +54,7 @@ def bench_attention(*, batch: int = 16, heads: int = 3, block: int = 128, head_d
                     progress: Callable[[int, str], None] | None = None) -> dict[str, Any]:
     """Median seconds of each kernel per case and precision (interleaved), and `choose_kernel`'s pick."""
     dev = resolve_device(device)
+    env = environment(dev, list(dtypes))
     gen = torch.Generator().manual_seed(seed)
     rows: list[dict[str, Any]] = []
     cases = _cases(batch, heads, block, head_dim, decode_queries)
@@ -95,7 +97,7 @@ def bench_attention(*, batch: int = 16, heads: int = 3, block: int = 128, head_d
             if progress is not None:
                 progress(done, case["case"])
     result = {"benchmark": "attention", "batch": batch, "heads": heads, "block": block, "head_dim": head_dim,
-              "repeats": repeats, "rows": rows, "environment": environment(dev),
+              "repeats": repeats, "rows": rows, "environment": finish_environment(env),
               "rule_agrees": sum(r["rule"] == r["fastest"] for r in rows), "cases": len(rows)}
     if out is not None:
         result["files"] = write_outputs(out, "attention", to_markdown(result), result)
@@ -120,9 +122,8 @@ def to_markdown(result: dict[str, Any]) -> str:
         "",
         f"Queries (batch {result['batch']}, {result['heads']} heads, head size {result['head_dim']}) against "
         f"{result['block']} keys; CPU time per call, median of {result['repeats']} interleaved calls; training "
-        f"cases include the backward. Device {env['device']}, {env['threads']} thread(s), torch {env['torch']}, "
-        f"load average {env.get('load_average')}. Fastest exact kernel in bold; every output was checked against "
-        "float64 attention first.",
+        "cases include the backward. " + describe_environment(env) + " Fastest exact kernel in bold; every output was "
+        "checked against float64 attention first.",
         "",
         markdown_table(["case", "precision", *KERNELS, "auto picks"], table),
         "",

@@ -21,14 +21,13 @@ from aogpt.bench.common import (
     build_model,
     check_memory,
     default_size,
-    describe_environment,
-    environment,
     fmt_ratio,
     fmt_seconds,
     interleaved_medians,
     markdown_table,
     write_outputs,
 )
+from aogpt.bench.environment import describe_environment, environment, finish_environment
 from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
 
@@ -47,6 +46,7 @@ def bench_density(*, n: int = 256, batch: int = 1, size: Size | None = None, rep
     from aogpt.families.encoder import order_nll
 
     dev = resolve_device(device)
+    env = environment(dev, "fp32")  # the models are built in fp32, no autocast
     checkpoints = checkpoints or {}
     size = default_size(checkpoints, size)
     check_memory(size, n, batch, dev, VARIANTS, "score")
@@ -74,7 +74,7 @@ def bench_density(*, n: int = 256, batch: int = 1, size: Size | None = None, rep
     result = {"benchmark": "density", "n": n, "batch": batch, "size": size.to_dict(), "repeats": repeats,
               "long_run_s": long_run, "seed": seed, "checkpoints": {k: str(v) for k, v in checkpoints.items()},
               "seconds": seconds, "runs": runs, "nll_per_token": nll, "forwards_per_sequence":
-              {"aogpt": 1, "gpt": 1, "encoder-mdm": n}, "environment": environment(dev)}
+              {"aogpt": 1, "gpt": 1, "encoder-mdm": n}, "environment": finish_environment(env)}
     result["ratios"] = {f"encoder-mdm/{v}": seconds["encoder-mdm"] / seconds[v] for v in ("aogpt", "gpt")}
     note = "" if n == 256 else f"target set for n = 256; this run n = {n}"
     result["targets"] = [Target("exact likelihood: AO-GPT (1 pass) cheaper than the encoder (n passes) by",

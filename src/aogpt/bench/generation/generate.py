@@ -45,11 +45,11 @@ from aogpt.bench.common import (
     build_model,
     check_memory,
     default_size,
-    environment,
     interleaved_timings,
     timed_cpu,
     write_outputs,
 )
+from aogpt.bench.environment import environment, finish_environment
 from aogpt.bench.generation import hf_gpt2
 from aogpt.bench.generation.generate_report import ratios, to_markdown
 from aogpt.bench.limits import counted_matmul_flops, matmul_rate, memory_bandwidth, model_shapes
@@ -215,6 +215,7 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
         raise AOGPTError(f"top-p {top_p} / temperature {temperature} out of range",
                          "use top-p in (0, 1], temperature > 0")
     dev = resolve_device(device)
+    env = environment(dev, list(dtypes))
     checkpoints = checkpoints or {}
     size = default_size(checkpoints, size)
     check_memory(size, n, batch, dev, sorted({METHODS[m].variant or "gpt" for m in methods}), "generate")
@@ -278,7 +279,7 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
     base = {"benchmark": "generate", "n": n, "batch": batch, "steps": steps, "methods": methods, "skipped": skipped,
             "labels": {m: METHODS[m].label for m in methods}, "size": size.to_dict(), "repeats": repeats,
             "long_run_s": long_run, "seed": seed, "top_p": top_p, "temperature": temperature,
-            "checkpoints": {k: str(v) for k, v in checkpoints.items()}, "environment": environment(dev),
+            "checkpoints": {k: str(v) for k, v in checkpoints.items()}, "environment": finish_environment(env),
             "encoder_estimated": estimated, "encoder_limit_s": encoder_limit, "memory_bandwidth": bandwidth}
     by_dtype: dict[str, Any] = {}
     counted: dict[tuple[str, int], float] = {}

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from aogpt.bench.common import describe_environment, fmt_ratio, fmt_seconds, markdown_table
+from aogpt.bench.common import fmt_ratio, fmt_seconds, markdown_table
+from aogpt.bench.environment import describe_environment
 
 PAPER = ("the paper reports about 25x for AO-GPT against SEDD, an encoder-only MDM, at n = 1024 and batch 32 "
          "on a GPU (its Figure 5 and Finding 8.1)")

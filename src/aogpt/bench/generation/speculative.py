@@ -31,8 +31,6 @@ import torch
 from aogpt.bench.common import (
     Size,
     build_model,
-    describe_environment,
-    environment,
     fmt_ratio,
     fmt_seconds,
     interleaved_timings,
@@ -40,9 +38,11 @@ from aogpt.bench.common import (
     timed_cpu,
     write_outputs,
 )
+from aogpt.bench.environment import describe_environment, environment, finish_environment
 from aogpt.errors import AOGPTError
 from aogpt.families import family_of
 from aogpt.plots import save_png
+from aogpt.precision import name_of
 
 
 def _ks(text: list[str]) -> list[int | str]:
@@ -84,6 +84,7 @@ def bench_speculative(aogpt: Any, *, gpt: Any = None, ns: list[int] = (128, 256)
         timing_gpt = build_model("gpt", Size(c.n_layer, c.n_embd, c.n_head, c.vocab_size), c.block_size,
                                  next(model.parameters()).device, seed)
         gpt_weights = "random weights, same size"
+    env = environment(next(model.parameters()).device, name_of(next(model.parameters()).dtype))
     common = dict(temperature=temperature, top_p=top_p, seed=seed)
     last: dict[Any, Any] = {}
 
@@ -128,7 +129,7 @@ def bench_speculative(aogpt: Any, *, gpt: Any = None, ns: list[int] = (128, 256)
     result = {"benchmark": "speculative", "ns": list(ns), "batches": list(batches), "ks": ks, "repeats": repeats,
               "samples": samples, "temperature": temperature, "top_p": top_p, "seed": seed, "rows": rows,
               "gpt_weights": gpt_weights,
-              "quality": quality, "environment": environment(torch.device("cpu")),
+              "quality": quality, "environment": finish_environment(env),
               "size": {k: getattr(model.config, k) for k in ("n_layer", "n_embd", "n_head", "vocab_size")}}
     if out is not None:
         result["files"] = write_outputs(out, "speculative", to_markdown(result), result, plot=plot)

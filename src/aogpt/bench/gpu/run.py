@@ -12,7 +12,6 @@ passed; a skipped check (no CUDA device, in ``--quick`` on a CPU) does not fail 
 
 from __future__ import annotations
 
-import platform
 import time
 import traceback
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from typing import Any
 
 import torch
 
+from aogpt.bench.environment import finish_environment
 from aogpt.bench.gpu.parts import Context, Part, PartFn, Skipped
 from aogpt.bench.gpu.plan import TITLES, Plan, estimate
 
@@ -93,7 +93,8 @@ class Run:
         return {"benchmark": "gpu", "quick": self.plan.quick, "finished": finished,
                 "passed": self.passed if finished else None, "seconds": time.time() - self.started,
                 "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(self.started)),
-                "device": str(self.device), "environment": self.environment, "plan": self.plan.to_dict(),
+                "device": str(self.device), "environment": finish_environment(self.environment),
+                "plan": self.plan.to_dict(),
                 "estimate": self.estimate, "parts": parts,
                 "checks": {"passed": sum(c["passed"] is True for p in parts.values() for c in p["checks"]),
                            "failed": sum(c["passed"] is False for p in parts.values() for c in p["checks"]),
@@ -123,13 +124,13 @@ def _release(device: torch.device) -> None:
 
 
 def environment(device: torch.device) -> dict[str, Any]:
-    """The device, driver, torch, CUDA and library versions the figures come from."""
-    import os
+    """The shared record (`aogpt.bench.environment`) with the CUDA device's, driver's and libraries'
+    versions the figures come from."""
     from importlib import metadata
 
-    env: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "cuda": torch.version.cuda,
-                           "python": platform.python_version(), "machine": platform.machine(),
-                           "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "cpu": _cpu_name()}
+    from aogpt.bench.environment import environment as shared
+
+    env: dict[str, Any] = {**shared(device, ["fp32", "bf16"]), "cuda": torch.version.cuda}
     for lib in ("transformers", "numpy", "scipy"):  # read from the installed metadata: nothing imported
         try:
             env[lib] = metadata.version(lib)
@@ -161,16 +162,6 @@ def _driver() -> str | None:
         return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
     except (OSError, subprocess.SubprocessError):
         return None
-
-
-def _cpu_name() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        return None
-    return None
 
 
 __all__ = ["Run", "default_parts", "environment"]

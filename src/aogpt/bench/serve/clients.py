@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import statistics
 import threading
 import time
@@ -32,9 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from aogpt.bench.common import describe_environment, environment, fmt_ratio, markdown_table, write_outputs
+from aogpt.bench.common import fmt_ratio, markdown_table, write_outputs
+from aogpt.bench.environment import describe_environment, environment, finish_environment
 from aogpt.bench.serve.load import Server
 from aogpt.errors import AOGPTError
 
@@ -143,7 +141,7 @@ def bench_serve(checkpoint: Path, clients: int, requests: int, max_tokens: int, 
         for b in range(batches):
             generate(model, num_samples=clients, length=max_tokens, seed=seed + b, tokenizer=tokenizer)
 
-    env = environment(torch.device("cpu"))
+    env = environment("cpu", "fp32")  # the server and the in-process rows load the weights in fp32
     timings: dict[str, list[float]] = {"generate": [], "batch": []}
     rounds: dict[str, list[dict[str, Any]]] = {"one": [], "many": []}
     reference: list[list[int]] = []
@@ -171,7 +169,7 @@ def bench_serve(checkpoint: Path, clients: int, requests: int, max_tokens: int, 
             tick("soak")
     finally:
         server.stop()
-    env["load_average_after"] = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+    env = finish_environment(env)
     tokens = requests * max_tokens
     first_one = [a.tokens for a in sorted(rounds["one"][0]["answers"], key=lambda a: a.index)]
     rows = {}
@@ -244,8 +242,8 @@ def to_markdown(result: dict[str, Any]) -> str:
                                  "p99 latency", "server CPU", "identical to one at a time",
                                  "identical to generate()"], table), "",
              f"Throughput at {result['clients']} clients: {fmt_ratio(result['speedup'])} that of one request at a "
-             f"time. Server: {result['server_threads']} torch thread(s). " + describe_environment(result["environment"])
-             + f" Load average after: {result['environment'].get('load_average_after')}."]
+             f"time. Server: {result['server_threads']} torch thread(s). "
+             + describe_environment(result["environment"])]
     soak = result.get("soak")
     if soak:
         lines += ["", f"Soak: {soak['clients']} clients for {soak['seconds']:.0f} s: {soak['sent']} requests sent, "

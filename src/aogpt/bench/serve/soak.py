@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import json
-import os
 import signal
 import subprocess
 import time
@@ -24,9 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from aogpt.bench.common import describe_environment, environment, write_outputs
+from aogpt.bench.common import write_outputs
+from aogpt.bench.environment import describe_environment, environment, finish_environment
 from aogpt.bench.serve.load import HealthWatch, MixedLoad, Server, Workload, references, summarize, verdict
 
 SIGNAL_WAIT = 60.0  # seconds to wait for the server to exit after SIGTERM before it is killed
@@ -42,7 +40,7 @@ def soak(checkpoint: Path, clients: int, seconds: float, threads: int, seed: int
     workload = workload or Workload()
     loaded = load(checkpoint)
     refs = references(loaded.model, loaded.tokenizer, loaded.config, workload.seeds)
-    env = environment(torch.device("cpu"))
+    env = environment("cpu", "fp32")  # the server loads the weights in fp32
     server = Server(checkpoint, threads, clients, flags=server_flags or [])
     try:
         limits = _limits(server)
@@ -67,7 +65,7 @@ def soak(checkpoint: Path, clients: int, seconds: float, threads: int, seed: int
         health.stop()
     finally:
         server.stop()
-    env["load_average_after"] = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+    env = finish_environment(env)
     summary = summarize(mix.outcomes, health.samples, refs, deadline, signal_at, first_minute=first_minute)
     summary.update({"checkpoint": str(checkpoint), "clients": clients, "seconds": seconds, "seed": seed,
                     "server_threads": threads, "limits": limits, "workload": dataclasses.asdict(workload),
@@ -124,8 +122,7 @@ def to_markdown(s: dict[str, Any]) -> str:
         "Checks: " + "; ".join(f"{name}: {'yes' if ok else '**NO**'}" for name, ok in s["checks"].items()) + ".",
         "",
         f"Limits: {s['limits']}. Server: {s['server_threads']} torch thread(s). "
-        + describe_environment(s["environment"])
-        + f" Load average after: {s['environment'].get('load_average_after')}.",
+        + describe_environment(s["environment"]),
     ]
     if s["unanswered"]:
         lines += ["", "Unanswered (first 20): " + "; ".join(s["unanswered"])]

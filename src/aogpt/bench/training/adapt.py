@@ -38,7 +38,8 @@ from typing import Any
 
 import torch
 
-from aogpt.bench.common import cpu_seconds, environment, write_outputs
+from aogpt.bench.common import cpu_seconds, write_outputs
+from aogpt.bench.environment import environment, finish_environment
 from aogpt.bench.training.recipe import data_for, eval_windows
 from aogpt.config import ADAPT_RECIPE, any_order_start, model_config, train_config
 from aogpt.errors import AOGPTError
@@ -372,6 +373,7 @@ def run(data_root: Path, work: Path, *, steps: int = 1000, finetune: tuple[int, 
                               "candidates": list(candidates), "eval_bytes": eval_bytes, "tokenizer": TOKENIZER,
                               "threads": torch.get_num_threads(), "preset": PRESET, "width": width,
                               "measured": MEASURED, "rows": []}
+    env = environment("cpu", "auto")  # the training default
     started = time.perf_counter()
     for s in range(seed, seed + seeds):
         study = Study(data_root, work, s, steps, eval_bytes=eval_bytes, curve_every=curve_every, width=width,
@@ -388,8 +390,7 @@ def run(data_root: Path, work: Path, *, steps: int = 1000, finetune: tuple[int, 
         if start.is_file():
             row["adapted_start"] = json.loads(start.read_text())
         result["rows"].append(row)
-        result["environment"] = {**environment(torch.device("cpu")),
-                                 "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+        result["environment"] = finish_environment(env)
         result["wall_seconds"] = time.perf_counter() - started
         result["summary"] = summary(result)
         if out is not None:

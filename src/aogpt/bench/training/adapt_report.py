@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from aogpt.bench.common import describe_environment, markdown_table
+from aogpt.bench.common import markdown_table
+from aogpt.bench.environment import describe_environment
 from aogpt.stats import Measurement, mean_interval
 
 # The targets (docs/adapt.md): left to right kept within this much of the source; "off the plateau" in a random

@@ -33,14 +33,13 @@ from aogpt.bench.common import (
     build_model,
     check_memory,
     default_size,
-    describe_environment,
-    environment,
     fmt_ratio,
     fmt_seconds,
     interleaved_timings,
     markdown_table,
     write_outputs,
 )
+from aogpt.bench.environment import describe_environment, environment, finish_environment
 from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
 
@@ -91,6 +90,7 @@ def bench_eval(*, n: int = 128, batch: int = 16, size: Size | None = None, membe
     from aogpt.evaluation.evaluate import evaluate
 
     dev = resolve_device(device)
+    env = environment(dev, "fp32")
     size = default_size({}, size)
     check_memory(size, n, batch, dev, [VARIANT], "train")
     model = build_model(VARIANT, size, n, dev, seed)
@@ -143,7 +143,7 @@ def bench_eval(*, n: int = 128, batch: int = 16, size: Size | None = None, membe
         "seconds_per_member_per_sequence": (t.wall["ensemble"] - t.wall["ensemble-base"]) / (members - 1)
         / ensemble_sequences,
         "nll_per_token": {k: v for k, v in last.items() if k != "train"}, "last_train_loss": last["train"],
-        "environment": environment(dev),
+        "environment": finish_environment(env),
     }
     default = (n, batch, size) == (DEFAULTS["n"], DEFAULTS["batch"], Size())
     note = "" if default else f"measured at n = {n}, batch {batch}"

@@ -58,13 +58,12 @@ def gpt2_threads(threads: int | None) -> Iterator[None]:
             del tk.GPT2Tokenizer.threads
 
 
-def _environment(spec: str, threads: int | None) -> dict[str, Any]:
-    """`aogpt.bench.common.environment`, with the tokenizer's threads as "threads" (torch's apart)."""
-    import torch
+def _environment(started: dict[str, Any], spec: str, threads: int | None) -> dict[str, Any]:
+    """The record taken at the start (`aogpt.bench.environment`), finished, with the tokenizer's threads
+    as "threads" (torch's apart)."""
+    from aogpt.bench.environment import finish_environment
 
-    from aogpt.bench.common import environment
-
-    env = environment(torch.device("cpu"))
+    env = finish_environment(started)
     env["torch_threads"] = env["threads"]
     # gpt2: tiktoken's threads; bpe: HF's (one per CPU); bytes encodes in one thread
     env["threads"] = 1 if spec == "bytes" else (threads if spec == "gpt2" and threads else tk._threads())
@@ -72,7 +71,7 @@ def _environment(spec: str, threads: int | None) -> dict[str, Any]:
 
 
 def _describe(env: dict[str, Any]) -> str:
-    from aogpt.bench.common import describe_environment
+    from aogpt.bench.environment import describe_environment
 
     return describe_environment(env).replace(" threads,", " tokenizer threads,", 1)
 
@@ -113,7 +112,9 @@ def bench_prepare(*, corpus: str = "shakespeare", tokenizer: str = "gpt2", repea
     import torch
 
     from aogpt.bench.common import Target, interleaved_timings, write_outputs
+    from aogpt.bench.environment import environment
 
+    started = environment("cpu", None)  # no model computes here: no precision
     metas: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="aogpt-bench-") as tmp, gpt2_threads(threads):
         target = Path(tmp) / "prepared"
@@ -137,7 +138,7 @@ def bench_prepare(*, corpus: str = "shakespeare", tokenizer: str = "gpt2", repea
         "documents": sum(split["documents"] for split in meta["splits"].values()),
         "seconds": t.wall, "cpu_seconds": t.cpu, "runs": t.wall_runs, "cpu_runs": t.cpu_runs,
         "tokens_per_second": tokens / median, "stages_seconds": parts,
-        "environment": _environment(meta["tokenizer"], threads),
+        "environment": _environment(started, meta["tokenizer"], threads),
     }
     standard = (corpus, meta["tokenizer"], max_docs) == ("shakespeare", "gpt2", None)
     note = "absolute time, set for 2 CPU cores" + ("" if standard else "; the target is for shakespeare with gpt2")
@@ -181,7 +182,9 @@ def bench_workers(*, tokenizer: str = "gpt2", workers: int = 2, synthetic_mb: fl
     import torch
 
     from aogpt.bench.common import interleaved_timings, write_outputs
+    from aogpt.bench.environment import environment
 
+    started = environment("cpu", None)  # no model computes here: no precision
     gpt2 = spec == "gpt2"
     modes = {"threads": (1, None)}  # name -> (workers, gpt2 threads)
     if gpt2:
@@ -220,7 +223,7 @@ def bench_workers(*, tokenizer: str = "gpt2", workers: int = 2, synthetic_mb: fl
         "baseline": baseline, "seconds": t.wall, "cpu_seconds": t.cpu, "runs": t.wall_runs, "cpu_runs": t.cpu_runs,
         "tokens_per_second": {m: tokens / s for m, s in t.wall.items()},
         "ratios": {f"{baseline}/{m}": t.wall[baseline] / t.wall[m] for m in modes},
-        "environment": _environment(spec, None),
+        "environment": _environment(started, spec, None),
     }
     if out is not None:
         result["files"] = write_outputs(out, "prepare-workers", workers_markdown(result), result)

@@ -39,7 +39,8 @@ from typing import Any
 
 import torch
 
-from aogpt.bench.common import cpu_seconds, describe_environment, environment, markdown_table, write_outputs
+from aogpt.bench.common import cpu_seconds, markdown_table, write_outputs
+from aogpt.bench.environment import describe_environment, environment, finish_environment
 from aogpt.bench.training.recipe_report import PLATEAU_MARGIN
 from aogpt.config import ModelConfig, TrainConfig, model_config, train_config
 from aogpt.errors import AOGPTError
@@ -313,7 +314,8 @@ def sweep(candidates: list[Candidate], data_root: Path, *, steps: int | None = N
     result: dict[str, Any] = {"benchmark": "recipe", "steps": steps, "cpu_budget": cpu_budget,
                               "eval_bytes": eval_bytes, "minutes": minutes, "speedup": speedup, "seed": seed,
                               "seeds": seeds, "curve_every": curve_every, "threads": torch.get_num_threads(),
-                              "jobs": jobs, "rows": [], "environment": environment(torch.device("cpu"))}
+                              "jobs": jobs, "rows": [],
+                              "environment": environment("cpu", "auto")}  # the training default
     options = dict(steps=steps, cpu_budget=cpu_budget, eval_bytes=eval_bytes, curve_every=curve_every,
                    diagnose=diagnose)
     tasks = [(c, s) for s in range(seed, seed + seeds) for c in candidates]  # every candidate once, then again
@@ -323,7 +325,7 @@ def sweep(candidates: list[Candidate], data_root: Path, *, steps: int | None = N
             row["steps_in_budget"] = int(minutes * 60 * speedup / row["cpu_seconds_per_step"])
         result["rows"].append(row)
         result["rows"].sort(key=lambda r: ([c.name for c in candidates].index(r["name"]), r["seed"]))
-        result["environment"] = environment(torch.device("cpu"))
+        result["environment"] = finish_environment(result["environment"])
         if out is not None:
             result["files"] = write_outputs(out, "recipe", to_markdown(result), result,
                                             plot=plot_curves if curve_every else None)

@@ -19,8 +19,6 @@ from aogpt.bench.common import (
     Target,
     check_memory,
     default_size,
-    describe_environment,
-    environment,
     fmt_ratio,
     fmt_seconds,
     markdown_table,
@@ -28,6 +26,7 @@ from aogpt.bench.common import (
     timed_cpu,
     write_outputs,
 )
+from aogpt.bench.environment import describe_environment, environment, finish_environment
 from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
 
@@ -88,6 +87,7 @@ def bench_train(*, block: int = 256, batch: int = 8, size: Size | None = None,
     from aogpt.train import RandomTokens, Trainer
 
     dev = resolve_device(device)
+    env = environment(dev, list(dtypes))
     size = default_size({}, size)
     variants, paths = list(dict.fromkeys(variants)), list(dict.fromkeys(paths))
     dtypes = parse_list(dtypes)
@@ -170,7 +170,7 @@ def bench_train(*, block: int = 256, batch: int = 8, size: Size | None = None,
               "steps": steps, "warmup": warmup, "seed": seed, "seconds_per_step": seconds, "runs": runs,
               "cpu_seconds_per_step": cpu_seconds, "cpu_runs": cpu_runs, "compile_seconds": compile_seconds,
               "tokens_per_second": {n: tokens / s for n, s in seconds.items()}, "last_loss": losses,
-              "load_average": load, "environment": environment(dev)}
+              "load_average": load, "environment": finish_environment(env)}
     if profiles:
         result["profile"] = profiles
     result["ratio_to_gpt"], result["speedup_over_first"] = {}, {}
