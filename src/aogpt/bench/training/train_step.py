@@ -87,10 +87,10 @@ def bench_train(*, block: int = 256, batch: int = 8, size: Size | None = None,
     from aogpt.train import RandomTokens, Trainer
 
     dev = resolve_device(device)
-    env = environment(dev, list(dtypes))
     size = default_size({}, size)
     variants, paths = list(dict.fromkeys(variants)), list(dict.fromkeys(paths))
     dtypes = parse_list(dtypes)
+    env = environment(dev, list(dtypes))
     if preset is not None:
         get_preset(preset)  # refuse an unknown name before any work
     if "compiled" in paths:
