@@ -96,13 +96,10 @@ def ids_layout(prefix: Sequence[int], suffix: Sequence[int], config: Any) -> Lay
 
 
 def candidate_lengths(layout: Layout, config: Any, max_gap: int = MAX_GAP) -> list[int]:
-    """1..min(max_gap, the room the context leaves beside the given text); refused if there is none."""
+    """1..min(max_gap, the room the context leaves beside the given text); `layout` refuses a gap of
+    one token that does not fit (the conditioning's own check)."""
     base = layout(1).length - 1
-    top = min(max_gap, config.block_size - base)
-    if top < 1:
-        raise AOGPTError(f"the text around the gap ({base} tokens) leaves no room for it in the model's context of "
-                         f"{config.block_size}", "shorten the text around the gap")
-    return list(range(1, top + 1))
+    return list(range(1, min(max_gap, config.block_size - base) + 1))
 
 
 def check_model(model: Any) -> None:
