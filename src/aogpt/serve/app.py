@@ -137,7 +137,8 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "aogpt", "context": config.block_size, "limits": limits}]}
+                                            "owned_by": "aogpt", "context": config.block_size,
+                                            "max_model_len": config.block_size, "limits": limits}]}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
