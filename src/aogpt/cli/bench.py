@@ -19,6 +19,7 @@ from aogpt.cli.bench_common import (
     size_flags,
     usable_precisions,
 )
+from aogpt.cli.bench_gap import add_gap_length_benchmark
 from aogpt.cli.bench_gpu import add_gpu_benchmark
 from aogpt.cli.bench_kernels import add_kernel_benchmarks
 from aogpt.cli.bench_serve import add_serve_benchmark
@@ -167,6 +168,7 @@ def add_parser(subparsers: Any) -> None:
     add_training_benchmarks(sub)
     add_kernel_benchmarks(sub)
     add_serve_benchmark(sub)
+    add_gap_length_benchmark(sub)
     add_gpu_benchmark(sub)
 
 
