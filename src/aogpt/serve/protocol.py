@@ -30,7 +30,7 @@ from aogpt.data.fim import sentinels_of
 from aogpt.errors import AOGPTError
 from aogpt.families import family
 from aogpt.generation.conditioning import BLANK, Conditioning, parse_template, prompt_condition
-from aogpt.generation.generate import GenerationResult
+from aogpt.generation.generate import GenerationResult, text_end
 from aogpt.generation.length import (
     Layout,
     candidate_lengths,
@@ -315,9 +315,9 @@ class Choice:
         span = self.tokens[self.first:self.end]
         masked = np.flatnonzero(span < 0)
         upto = int(masked[0]) if len(masked) else len(span)
-        hits = np.flatnonzero(span[:upto] == self.eot) if self.eot is not None else []
-        if len(hits):
-            upto, self.ended_by_eot = int(hits[0]), True
+        ends = text_end(span[:upto], 0, self.eot)
+        if ends is not None:
+            upto, self.ended_by_eot = ends, True
         text = self.decode(span[:upto])
         self.shown = upto
         cuts = [text.find(s) for s in self.stop if s in text]
