@@ -34,6 +34,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from aogpt.errors import AOGPTError
+from aogpt.generation.length import DRAWS as LENGTH_DRAWS
 from aogpt.serve.engine import Busy, Draining, Engine, Job, job_size
 from aogpt.serve.jobs import deadline_error
 from aogpt.serve.openai import Completed, Part, complete
@@ -165,8 +166,12 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int
         for plan in plans:
             events = _Events(request, engine)
             work = functools.partial(complete, plan=plan, announce=events.deliver) if plan.custom else None
-            job = Job(plan.kwargs, *job_size(plan.kwargs, config), events.deliver, steps=body.stream,
-                      timeout=body.timeout, work=work)
+            sequences, tokens = job_size(plan.kwargs, config)
+            if plan.layout is not None:  # the length estimate decodes its proposal fills, DRAWS at a time
+                sequences = max(sequences, LENGTH_DRAWS)
+                tokens = sequences * config.block_size
+            job = Job(plan.kwargs, sequences, tokens, events.deliver, steps=body.stream, timeout=body.timeout,
+                      work=work)
             refused = _submit(job)
             if refused is not None:
                 for _, other, _ in submitted:
