@@ -1,4 +1,4 @@
-"""`aogpt bench gpu`: check and measure every GPU path in one run of under 8 minutes (`aogpt.bench.gpu`;
+"""`aogpt bench gpu`: check and measure every GPU path in one run planned for 8 minutes (`aogpt.bench.gpu`;
 docs/gpu.md). Exit status 0 when every check passed, 1 when one failed or a part broke, 2 on bad input."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from aogpt.cli.bench_common import run_flags, setup
 from aogpt.cli.common import emit_json
 from aogpt.errors import AOGPTError
 
-HELP = "check and measure every GPU path (correctness, Figure 5, training throughput, DDP/FSDP2) in < 8 minutes"
+HELP = "check and measure every GPU path (correctness, Figure 5, training throughput, DDP/FSDP2), planned for 8 minutes"
 
 
 def add_gpu_benchmark(sub: Any) -> None:

@@ -22,6 +22,7 @@ import contextlib
 import functools
 import json
 import logging
+import random
 import time
 import uuid
 from collections.abc import Callable
@@ -82,10 +83,15 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int = 16,
-               own_engine: bool = True, dropped_lines: Callable[[], int] | None = None) -> FastAPI:
+               own_engine: bool = True, dropped_lines: Callable[[], int] | None = None,
+               seed: int | None = None) -> FastAPI:
     """The app serving `engine`. With `own_engine`, the app starts the engine and stops it (after the
     running requests finish, or at the engine's drain deadline) with its lifespan. `dropped_lines`:
-    how many log lines the server's output dropped (reported by /health)."""
+    how many log lines the server's output dropped (reported by /health). `seed`: where the seeds of
+    requests that bring none come from -- the k-th such request gets the k-th seed drawn from it, so a
+    server restarted with the same seed answers the same unseeded requests, sent in the same order,
+    alike (None: a fresh random seed each). Every response names the seed it used."""
+    unseeded = random.Random(seed) if seed is not None else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -149,7 +155,9 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int
         if body.timeout is not None and lim.timeout is not None and body.timeout > lim.timeout:
             return error_response(400, f"timeout: {body.timeout:g} s is more than this server's {lim.timeout:g} s",
                                   param="timeout")
-        seed = body.seed if body.seed is not None else draw_request_seed()
+        seed = body.seed  # without one: drawn here, in the event loop (in order of arrival with --seed)
+        if seed is None:
+            seed = unseeded.getrandbits(62) if unseeded is not None else draw_request_seed()
         items = prompts(body)
 
         def plan_all() -> list[Plan]:
