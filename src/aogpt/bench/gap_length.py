@@ -144,15 +144,17 @@ def bench_gap_length(model: Any, tokenizer: Any, val: np.ndarray, train: np.ndar
         return mean_interval(Measurement.of(values, "spans", units)).to_dict()
 
     methods = [f"estimate, D={d}" for d in draws] + [f"fixed guess ({guess} tokens)", "true length"]
+    ids = [f"estimate-d{d}" for d in draws] + ["fixed-guess", "true-length"]
     table = []
-    for name in methods:
+    for name, slug in zip(methods, ids, strict=True):
         err = np.asarray(rows[f"{name}|error"])
-        table.append({"method": name, "exact": est((err == 0).tolist()), "within_1": est((err <= 1).tolist()),
-                      "within_2": est((err <= 2).tolist()), "mean_abs_error": est(err.tolist()),
+        table.append({"id": slug, "method": name, "exact": est((err == 0).tolist()),
+                      "within_1": est((err <= 1).tolist()), "within_2": est((err <= 2).tolist()),
+                      "mean_abs_error": est(err.tolist()),
                       "bits_per_byte": est(rows[f"{name}|bpb"]),
                       "per_seed_within_2": [float(np.mean([abs(r["picks"][name] - r["true"]) <= 2 for r in per_span
                                                            if r["seed"] == seed + i])) for i in range(seeds)]})
-    table.append({"method": "the true span", "bits_per_byte": est(rows["the true span|bpb"])})
+    table.append({"id": "true-span", "method": "the true span", "bits_per_byte": est(rows["the true span|bpb"])})
     default = f"estimate, D={4 if 4 in draws else draws[-1]}"
     baseline = f"fixed guess ({guess} tokens)"
 
@@ -176,13 +178,22 @@ def bench_gap_length(model: Any, tokenizer: Any, val: np.ndarray, train: np.ndar
     return result
 
 
-def _cell(e: dict[str, Any], percent: bool = True) -> str:
-    if percent:
-        return f"{e['value'] * 100:.1f} % [{e['low'] * 100:.1f}, {e['high'] * 100:.1f}]"
-    return f"{e['value']:.3f} [{e['low']:.3f}, {e['high']:.3f}]"
+def to_markdown(r: dict[str, Any], source: str | None = None) -> str:
+    """The report; with `source` (the results file's path in the repository) every measured number
+    carries its figure marker (`aogpt.figures`), ready to be quoted in a document."""
 
+    def num(value: float, key: str, fmt: str) -> str:
+        text = format(value, fmt)
+        return f"{text}<!-- fig: {source}#{key} -->" if source else text
 
-def to_markdown(r: dict[str, Any]) -> str:
+    def cell(row: dict[str, Any], what: str, percent: bool) -> str:
+        e, base = row[what], f"rows.id={row['id']}.{what}"
+        if percent:
+            low, high = num(e['low'] * 100, base + '.low *100', '.1f'), num(e['high'] * 100, base + '.high *100', '.1f')
+            return f"{num(e['value'] * 100, base + '.value *100', '.1f')} % [{low}, {high}]"
+        return (f"{num(e['value'], base + '.value', '.3f')} [{num(e['low'], base + '.low', '.3f')}, "
+                f"{num(e['high'], base + '.high', '.3f')}]")
+
     m = r["model"]
     head = [f"# Gap length chosen by the model ({r['spans']} held-out spans, {r['seeds']} seed(s))", "",
             f"Model: {m['variant']}, {m['layers']} layers, width {m['width']}, context {m['context']}, "
@@ -193,17 +204,22 @@ def to_markdown(r: dict[str, Any]) -> str:
     rows = []
     for row in r["rows"]:
         if "exact" not in row:
-            rows.append([row["method"], "-", "-", "-", "-", _cell(row["bits_per_byte"], False)])
+            rows.append([row["method"], "-", "-", "-", "-", cell(row, "bits_per_byte", False)])
             continue
-        rows.append([row["method"], _cell(row["exact"]), _cell(row["within_1"]), _cell(row["within_2"]),
-                     _cell(row["mean_abs_error"], False), _cell(row["bits_per_byte"], False)])
-    table = markdown_table(["method", "exact", "within 1", "within 2", "mean |error| (tokens)",
+        rows.append([row["method"], cell(row, "exact", True), cell(row, "within_1", True), cell(row, "within_2", True),
+                     cell(row, "mean_abs_error", False), cell(row, "bits_per_byte", False)])
+    table = markdown_table(["method", "exact", "within 1", "within 2", "mean abs. error (tokens)",
                             "infill bits/byte (gap + suffix)"], rows)
     g = r["gain_over_fixed_guess"]
+    w, b = g["within_2"], g["bits_per_byte"]
+    key = "gain_over_fixed_guess"
     tail = ["", f"{g['method']} against the fixed guess, paired over the spans: within 2 tokens "
-            f"{g['within_2']['value'] * 100:+.1f} points [{g['within_2']['low'] * 100:+.1f}, "
-            f"{g['within_2']['high'] * 100:+.1f}]; bits per byte lower by {g['bits_per_byte']['value']:.3f} "
-            f"[{g['bits_per_byte']['low']:.3f}, {g['bits_per_byte']['high']:.3f}].",
+            f"{num(w['value'] * 100, key + '.within_2.value *100', '+.1f')} points "
+            f"[{num(w['low'] * 100, key + '.within_2.low *100', '+.1f')}, "
+            f"{num(w['high'] * 100, key + '.within_2.high *100', '+.1f')}]; bits per byte lower by "
+            f"{num(b['value'], key + '.bits_per_byte.value', '.3f')} "
+            f"[{num(b['low'], key + '.bits_per_byte.low', '.3f')}, "
+            f"{num(b['high'], key + '.bits_per_byte.high', '.3f')}].",
             f"{r['seconds']:.0f} s; load average {r['environment'].get('load_average')}, "
             f"{r['environment']['threads']} thread(s), {r['environment']['cpus']} CPUs."]
     return "\n".join(head + [table] + tail)
