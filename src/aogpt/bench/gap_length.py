@@ -95,16 +95,20 @@ def _fill(model: Any, before: list[int], after: list[int], k: int, seed: int, to
 
 def bench_gap_length(model: Any, tokenizer: Any, val: np.ndarray, train: np.ndarray, *, spans: int, seeds: int,
                      seed: int, max_gap: int = MAX_GAP, draws: tuple[int, ...] = DRAWS, out: Path | None = None,
-                     progress: Callable[[int, str], None] | None = None, meta: dict[str, Any] | None = None
-                     ) -> dict[str, Any]:
+                     progress: Callable[[int, str], None] | None = None, meta: dict[str, Any] | None = None,
+                     context: int = CONTEXT, target: int = TARGET, longest: int = LONGEST) -> dict[str, Any]:
     """The measurement of the module docstring (`meta`: what to record beside it, e.g. the checkpoint);
     writes DIR/gap-length.md and .json."""
+    if 2 * context + max(max_gap, longest) > model.config.block_size:
+        raise AOGPTError(f"{context} tokens on each side and gaps of up to {max(max_gap, longest)} tokens do not fit "
+                         f"the model's context of {model.config.block_size}", "use a model with a longer context")
     model.eval()
     starts = word_starts(tokenizer)
     eot = getattr(tokenizer, "eot_id", None)
     byte_len = np.asarray(tokenizer.byte_lengths(), dtype=np.int64)
     byte_len = np.concatenate([byte_len, np.zeros(max(0, model.config.vocab_size - len(byte_len)), np.int64)])
-    train_spans = draw_spans(train, starts, eot, 2000, draw_seed(seed, "gap-length-baseline"))
+    shape = {"context": context, "target": target, "longest": longest}
+    train_spans = draw_spans(train, starts, eot, 2000, draw_seed(seed, "gap-length-baseline"), **shape)
     guess = int(np.median([e - s for s, e in train_spans]))
     ks = list(range(1, max_gap + 1))
     rows: dict[str, list[float]] = {}
@@ -112,9 +116,9 @@ def bench_gap_length(model: Any, tokenizer: Any, val: np.ndarray, train: np.ndar
     t0 = time.perf_counter()
     done = 0
     for rep in range(seeds):
-        for s, e in draw_spans(val, starts, eot, spans, draw_seed(seed + rep, "gap-length-spans")):
-            before = val[s - CONTEXT:s].tolist()
-            after = val[e:e + CONTEXT].tolist()
+        for s, e in draw_spans(val, starts, eot, spans, draw_seed(seed + rep, "gap-length-spans"), **shape):
+            before = val[s - context:s].tolist()
+            after = val[e:e + context].tolist()
             true = e - s
             span_seed = draw_seed(seed + rep, "gap-length", s)
             layout = ids_layout(before, after, model.config)
@@ -126,9 +130,9 @@ def bench_gap_length(model: Any, tokenizer: Any, val: np.ndarray, train: np.ndar
             bpb = {}
             for name, k in picks.items():
                 filled = _fill(model, before, after, k, draw_seed(span_seed, "fill"), tokenizer)
-                bpb[name] = float(_bits_per_byte(model, filled, CONTEXT, byte_len)[0])
-            original = torch.tensor([val[s - CONTEXT:e + CONTEXT].tolist()])
-            bpb["the true span"] = float(_bits_per_byte(model, original, CONTEXT, byte_len)[0])
+                bpb[name] = float(_bits_per_byte(model, filled, context, byte_len)[0])
+            original = torch.tensor([val[s - context:e + context].tolist()])
+            bpb["the true span"] = float(_bits_per_byte(model, original, context, byte_len)[0])
             record = {"seed": seed + rep, "start": s, "true": true, "picks": picks, "bits_per_byte": bpb}
             per_span.append(record)
             for name, k in picks.items():
@@ -166,7 +170,7 @@ def bench_gap_length(model: Any, tokenizer: Any, val: np.ndarray, train: np.ndar
                                         Measurement.of(rows[f"{default}|bpb"], "spans", units)).to_dict()}
     true_lengths = [r["true"] for r in per_span]
     result = {"benchmark": "gap-length", "spans": len(per_span), "seeds": seeds, "seed": seed,
-              "context": CONTEXT, "candidates": [1, max_gap], "draws": list(draws), "fixed_guess": guess,
+              "context": context, "candidates": [1, max_gap], "draws": list(draws), "fixed_guess": guess,
               "true_length": {"min": min(true_lengths), "median": float(np.median(true_lengths)),
                               "max": max(true_lengths)},
               "rows": table, "gain_over_fixed_guess": {"method": default, **gain},
