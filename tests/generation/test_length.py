@@ -70,6 +70,10 @@ def test_templates_and_refusals() -> None:
     assert cond.length == 2 + 3 + 2 + 2 + 1 and cond.positions.tolist() == [0, 1, 5, 6]
     with pytest.raises(AOGPTError, match="more than one"):
         template_layout("a[MASK:?]b[MASK:?]", tok, config)
+    with pytest.raises(AOGPTError, match="needs text after it"):
+        template_layout("ab[MASK:?][MASK:2]", tok, config)
+    with pytest.raises(AOGPTError, match="needs text after it"):
+        ids_layout([1], [], config)
     assert candidate_lengths(ids_layout([1] * 16, [2] * 15, config), config) == [1]  # the one place left
     with pytest.raises(AOGPTError, match="does not fit the model's context of 32"):
         candidate_lengths(ids_layout([1] * 16, [2] * 16, config), config)

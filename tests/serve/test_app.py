@@ -139,6 +139,7 @@ BAD = [  # (body, status, words in the one-line reason)
     ({"prompt": "a", "suffix": "b" * 40}, 400, "leave no room for a gap in the model's context of 32"),
     ({"prompt": "a[MASK]", "suffix": "b"}, 400, "takes no suffix"),
     ({"prompt": "a[MASK:?]b[MASK:?]"}, 400, "more than one [MASK:?]"),
+    ({"prompt": "ab [MASK:?]"}, 400, "a gap of unknown length needs text after it"),
     ({"prompt": "a", "logprobs": 1, "stream": True}, 400, "a stream carries one prompt"),
     ({"prompt": ["a", "b"], "n": 9}, 400, "n x prompts = 9 x 2 = 18 is more than"),
     ({"prompt": "a", "model": "gpt-4"}, 404, "is not served here"),

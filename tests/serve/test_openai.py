@@ -239,6 +239,12 @@ def test_a_continuation_ends_at_its_first_end_of_text_token(server):
     assert whole["text"] == tok.decode(drawn) and whole["finish_reason"] == "length"
 
 
+def test_an_empty_suffix_is_a_continuation(server):
+    plain = post(server.url, {"prompt": "the ", "max_tokens": 5, "seed": 3}).json()["choices"][0]
+    empty = post(server.url, {"prompt": "the ", "max_tokens": 5, "seed": 3, "suffix": ""}).json()["choices"][0]
+    assert empty["aogpt"]["tokens"] == plain["aogpt"]["tokens"] and empty["text"] == plain["text"]
+
+
 def test_models_lists_the_context(server):
     listed = httpx.get(server.url + "/v1/models").json()["data"][0]
     assert listed["id"] == server.name and listed["context"] == listed["max_model_len"] == 32

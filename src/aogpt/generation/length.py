@@ -38,7 +38,7 @@ import torch
 
 from aogpt.errors import AOGPTError
 from aogpt.families import family_of
-from aogpt.generation.conditioning import Conditioning, parse_template
+from aogpt.generation.conditioning import BLANK, Conditioning, parse_template
 from aogpt.generation.generate import generate
 from aogpt.generation.likelihood import chain_logprobs
 from aogpt.seeds import draw_seed
@@ -48,6 +48,8 @@ MAX_GAP = 32  # candidate lengths 1..32 (fewer where the context has less room)
 DRAWS = 4  # proposal fills per candidate length (measured against 1 and 16 in docs/generation.md)
 
 Layout = Callable[[int], Conditioning]
+NOTHING_AFTER = ("a gap of unknown length needs text after it (its length is read from where that text fits; "
+                 "with nothing after it every length fits)")
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,8 @@ def template_layout(template: str, tokenizer: Any, config: Any, extra: int = 0) 
     if UNKNOWN in after:
         raise AOGPTError("the template has more than one [MASK:?] blank (only one gap may have an unknown length)",
                          "give the other gaps a length, [MASK:k]")
+    if not BLANK.sub("", after):
+        raise AOGPTError(NOTHING_AFTER, "put the text that follows the gap after [MASK:?], or continue a prompt")
 
     def layout(k: int) -> Conditioning:
         text = f"{before}[MASK:{k}]{after}"
@@ -92,6 +96,8 @@ def template_layout(template: str, tokenizer: Any, config: Any, extra: int = 0) 
 def ids_layout(prefix: Sequence[int], suffix: Sequence[int], config: Any) -> Layout:
     """The layouts of a prefix and a suffix (ids) with k blanks between them."""
     prefix, suffix = [int(t) for t in prefix], [int(t) for t in suffix]
+    if not suffix:
+        raise AOGPTError(NOTHING_AFTER, "give the text that follows the gap, or continue a prompt")
     return lambda k: parse_template([*prefix, *([None] * k), *suffix], tokenizer=None, length=None, config=config)
 
 

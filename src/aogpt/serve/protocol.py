@@ -93,6 +93,11 @@ def is_template(prompt: Any) -> bool:
     return isinstance(prompt, str) and BLANK.search(prompt) is not None
 
 
+def has_suffix(req: CompletionRequest) -> bool:
+    """Whether the request has text after its gap (an empty suffix, as OpenAI reads it, is none)."""
+    return req.suffix is not None and len(req.suffix) > 0
+
+
 def prompts(req: CompletionRequest) -> list[str | list[int]]:
     """The request's prompts: a batch (a list of strings or of id lists) or the one prompt."""
     p = req.prompt
@@ -153,10 +158,10 @@ def _check(req: CompletionRequest, config: Any, prompt: Any, max_samples: int, c
     if req.stream and (count > 1 or req.echo or req.logprobs is not None):
         raise AOGPTError("a stream carries one prompt, without echo or logprobs",
                          "send those requests without stream")
-    if req.echo and (template or req.suffix is not None):
+    if req.echo and (template or has_suffix(req)):
         raise AOGPTError("echo returns a prompt followed by its continuation, but a template's completion is its "
                          "whole text and a suffix's is the gap", "drop echo for templates and suffixes")
-    if req.suffix is not None and template:
+    if has_suffix(req) and template:
         raise AOGPTError("a prompt with [MASK] blanks is a template and takes no suffix",
                          "put the text after the gap into the template, or send a prompt without blanks")
     fam = family(config.variant)
@@ -170,7 +175,7 @@ def plan_prompt(req: CompletionRequest, prompt: str | list[int], config: Any, to
     """The `Plan` of one of the request's `count` prompts (module docstring). Raises `AOGPTError` for
     what the model or the server's limits refuse."""
     _check(req, config, prompt, max_samples, count)
-    fim = sentinels_of(config) is not None and (is_template(prompt) or req.suffix is not None)
+    fim = sentinels_of(config) is not None and (is_template(prompt) or has_suffix(req))
     kwargs: dict[str, Any] = {
         "num_samples": req.n, "seed": seed, "tokenizer": tokenizer, "return_text": False,
         "top_p": req.top_p, "top_k": req.top_k,
@@ -188,7 +193,7 @@ def plan_prompt(req: CompletionRequest, prompt: str | list[int], config: Any, to
         kwargs.update(order=req.order, steps=req.steps, policy=req.policy, schedule=req.schedule,
                       speculative=req.speculative, candidates=req.candidates, threshold=req.threshold)
     plan = Plan(kwargs, 0, fim=fim, echo=req.echo, logprobs=req.logprobs)
-    if req.suffix is not None:
+    if has_suffix(req):
         _plan_suffix(plan, req, prompt, config, tokenizer)
     elif is_template(prompt):
         _plan_template(plan, req, prompt, config, tokenizer)
