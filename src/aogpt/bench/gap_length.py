@@ -46,7 +46,7 @@ CONTEXT = 32  # tokens of prefix and of suffix
 TARGET = 12  # target span lengths 1..TARGET (then run on to a word start)
 LONGEST = 16  # longest true span kept
 DRAWS = (1, 4, 16)  # proposal fills per candidate, rows of the table (prefixes of the same 16 draws)
-QUICK = {"spans": 4, "seeds": 1, "max_gap": 6, "draws": (1, 4)}
+QUICK = {"spans": 4, "seeds": 1, "max_gap": 6, "draws": (1, 4), "context": 8, "target": 3, "longest": 5}
 
 
 def word_starts(tokenizer: Any) -> np.ndarray:

@@ -48,7 +48,7 @@ def run_gap_length(args: argparse.Namespace) -> int:
     check_model(loaded.model)
     spans = args.spans or (QUICK["spans"] if args.quick else DEFAULTS["spans"])
     seeds = args.seeds or (QUICK["seeds"] if args.quick else DEFAULTS["seeds"])
-    extra = {"max_gap": QUICK["max_gap"], "draws": QUICK["draws"]} if args.quick else {}
+    extra = {k: v for k, v in QUICK.items() if k not in ("spans", "seeds")} if args.quick else {}
     bar, update = progress_bar(spans * seeds, args, "bench gap-length")
     try:
         result = bench_gap_length(loaded.model, loaded.tokenizer, data.split("val"), data.split("train"),
