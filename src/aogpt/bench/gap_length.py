@@ -46,6 +46,7 @@ CONTEXT = 32  # tokens of prefix and of suffix
 TARGET = 12  # target span lengths 1..TARGET (then run on to a word start)
 LONGEST = 16  # longest true span kept
 DRAWS = (1, 4, 16)  # proposal fills per candidate, rows of the table (prefixes of the same 16 draws)
+QUALITY_WINDOWS = 64  # held-out windows the model's bits per byte are measured on
 QUICK = {"spans": 4, "seeds": 1, "max_gap": 6, "draws": (1, 4), "context": 8, "target": 3, "longest": 5}
 
 
@@ -81,6 +82,22 @@ def draw_spans(tokens: np.ndarray, starts: np.ndarray, eot: int | None, count: i
                      "ask for fewer spans, or use a larger held-out split")
 
 
+def held_out_quality(model: Any, tokenizer: Any, val: np.ndarray, seed: int, windows: int = QUALITY_WINDOWS
+                     ) -> dict[str, Any]:
+    """The model's bits per byte on the first `windows` context-long windows of the held-out split,
+    left to right (exact) and in one random order per window: the scale the table is measured at."""
+    from aogpt.evaluation.evaluate import evaluate
+
+    n = model.config.block_size
+    count = min(windows, len(val) // n)
+    data = torch.from_numpy(np.asarray(val[:count * n], dtype=np.int64)).view(count, n)
+    lengths = np.asarray(tokenizer.byte_lengths())
+    out = {"windows": count, "tokens": count * n}
+    for order in ("l2r", "random"):
+        out[order] = evaluate(model, data, order=order, seed=seed, byte_lengths=lengths).bpb
+    return out
+
+
 def _bits_per_byte(model: Any, rows: torch.Tensor, first: int, byte_len: np.ndarray) -> np.ndarray:
     """Exact bits per byte of tokens first.. of each row given the tokens before (left to right)."""
     logp = chain_logprobs(model, rows, torch.arange(rows.shape[1]).expand_as(rows)).logprobs[:, first:]
@@ -110,6 +127,7 @@ def bench_gap_length(model: Any, tokenizer: Any, val: np.ndarray, train: np.ndar
     shape = {"context": context, "target": target, "longest": longest}
     train_spans = draw_spans(train, starts, eot, 2000, draw_seed(seed, "gap-length-baseline"), **shape)
     guess = int(np.median([e - s for s, e in train_spans]))
+    quality = held_out_quality(model, tokenizer, val, seed, 2 if spans * seeds <= QUICK["spans"] else QUALITY_WINDOWS)
     ks = list(range(1, max_gap + 1))
     rows: dict[str, list[float]] = {}
     per_span: list[dict[str, Any]] = []
@@ -176,7 +194,8 @@ def bench_gap_length(model: Any, tokenizer: Any, val: np.ndarray, train: np.ndar
               "rows": table, "gain_over_fixed_guess": {"method": default, **gain},
               "seconds": time.perf_counter() - t0, "environment": environment(torch.device("cpu")),
               "model": {"variant": model.config.variant, "layers": model.config.n_layer, "width": model.config.n_embd,
-                        "context": model.config.block_size, "params": sum(p.numel() for p in model.parameters())},
+                        "context": model.config.block_size, "params": sum(p.numel() for p in model.parameters()),
+                        "held_out_bits_per_byte": quality},
               **(meta or {}), "per_span": per_span}
     result["files"] = write_outputs(out, "gap-length", to_markdown(result), result) if out is not None else {}
     return result
@@ -201,7 +220,9 @@ def to_markdown(r: dict[str, Any], source: str | None = None) -> str:
     m = r["model"]
     head = [f"# Gap length chosen by the model ({r['spans']} held-out spans, {r['seeds']} seed(s))", "",
             f"Model: {m['variant']}, {m['layers']} layers, width {m['width']}, context {m['context']}, "
-            f"{m['params']:,} parameters. Spans of whole words, {r['true_length']['min']}..{r['true_length']['max']} "
+            f"{m['params']:,} parameters, {m['held_out_bits_per_byte']['l2r']:.3f} bits/byte left to right and "
+            f"{m['held_out_bits_per_byte']['random']:.3f} in a random order on held-out text. Spans of whole words, "
+            f"{r['true_length']['min']}..{r['true_length']['max']} "
             f"tokens (median {r['true_length']['median']:g}), {r['context']} tokens of prefix and suffix; candidates "
             f"{r['candidates'][0]}..{r['candidates'][1]}; fixed guess {r['fixed_guess']} tokens (the median on the "
             "training split). Means over spans, 95% intervals.", ""]

@@ -53,7 +53,7 @@ def run_gap_length(args: argparse.Namespace) -> int:
     try:
         result = bench_gap_length(loaded.model, loaded.tokenizer, data.split("val"), data.split("train"),
                                   spans=spans, seeds=seeds, seed=args.seed, out=args.out, progress=update,
-                                  meta={"checkpoint": str(loaded.path), "data": str(args.data),
+                                  meta={"checkpoint": str(loaded.path), "step": loaded.step, "data": str(args.data),
                                         "weights": args.weights}, **extra)
     finally:
         bar.close()
