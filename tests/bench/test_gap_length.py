@@ -48,6 +48,8 @@ def test_choices_and_bits_are_the_library_s_and_the_report_is_marked(tiny_run, b
         bits = -sum(conditional_logprobs(m.model, filled, torch.arange(i), torch.tensor([i]))[0, ids[i]].item()
                     for i in range(8, len(ids))) / math.log(2)
         assert record["bits_per_byte"]["true length"] == pytest.approx(bits / byte_len[ids[8:]].sum(), rel=1e-5)
+    quality = r["model"]["held_out_bits_per_byte"]
+    assert quality["windows"] == 2 and quality["l2r"] < quality["random"]  # the scale: exact, then the bound
     true_row = next(row for row in r["rows"] if row["id"] == "true-length")
     assert true_row["exact"]["value"] == 1.0 and true_row["mean_abs_error"]["value"] == 0.0
     stored = json.loads((tmp_path / "gap-length.json").read_text())
