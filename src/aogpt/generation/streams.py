@@ -78,6 +78,17 @@ class SequenceStreams:
         counters += np.bincount(seqs, minlength=self.count).astype(np.uint64)
         return out
 
+    def ahead(self, purpose: str, width: int) -> np.ndarray:
+        """The next `width` uniforms (float64) of every sequence's `purpose` stream, (count, width),
+        without taking them: `advance` takes those a caller used. Reading a block at once is what
+        makes a long run of small draws cheap (`aogpt.generation.plan.step_counts`)."""
+        counters = self._next[purpose][:, None] + np.arange(width, dtype=np.uint64)
+        return _to_unit(_stream(self._keys[purpose][:, None], counters), torch.float64)
+
+    def advance(self, purpose: str, used: np.ndarray) -> None:
+        """Take `used[b]` words of sequence b's `purpose` stream (those `ahead` showed it)."""
+        self._next[purpose] += np.asarray(used).astype(np.uint64)
+
     def uniforms(self, seqs: np.ndarray, purpose: str = "tokens", dtype: torch.dtype = torch.float64,
                  device: torch.device | str | None = None) -> np.ndarray | torch.Tensor:
         """One uniform in [0, 1) per entry of `seqs` (`words`); a tensor on `device` when one is given."""
