@@ -29,11 +29,12 @@ from typing import Any
 
 import torch
 
+from aogpt.attention import attend_few
 from aogpt.inference import DECODE_PATH
 from aogpt.kv_cache import Conditions, KVCache
 
 
-@dataclass
+@dataclass(slots=True)
 class ForwardCall:
     """The arguments of one request's ``forward_slots`` call (cache given: a KV-cache step)."""
 
@@ -45,11 +46,10 @@ class ForwardCall:
     cache_pos: Any
     select: torch.Tensor | None
     conditions: Conditions | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    shape: tuple[int, int] = field(init=False)  # (B, S): sequences, slots per sequence
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return int(self.tokens.shape[0]), int(self.tokens.shape[1])
+    def __post_init__(self) -> None:
+        self.shape = (int(self.tokens.shape[0]), int(self.tokens.shape[1]))
 
 
 class StackedCaches:
@@ -80,13 +80,37 @@ class StackedCaches:
     def attend_rows(self, layer: int, qkv: torch.Tensor, cache_pos: Any, attn_mask: torch.Tensor | None
                     ) -> torch.Tensor:
         """The fast decode path's attention (`KVCache.attend_rows`): each call's rows (R, 3, H, D), in
-        the call's own row order, through the call's own cache; the outputs stacked again."""
-        out, start = [], 0
+        the call's own row order, through the call's own cache; the outputs stacked again.
+
+        The usual call, one sequence whose rows go to consecutive columns, is `KVCache.attend_rows`'s
+        own step written out (`_attend_one`): the same writes and the same attention call on the same
+        views (so the same bits), without the per-call layout work around them; its output joins the
+        others' in one copy. At sixteen requests a step this took a fifth off the attention's time."""
+        out, start, H, D = [], 0, qkv.shape[2], qkv.shape[3]
         for call in self.calls:
             B, S = call.shape
-            out.append(call.cache.attend_rows(layer, qkv[start:start + B * S], call.cache_pos, call.attn_mask))
+            rows = qkv[start:start + B * S]
+            if (B == 1 and type(call.cache_pos) is int and rows.dtype == call.cache.kv.dtype
+                    and (call.attn_mask is None or call.attn_mask.dtype == rows.dtype)):
+                out.append(self._attend_one(layer, rows, call))  # (S, H, D), a view
+            else:
+                out.append(call.cache.attend_rows(layer, rows, call.cache_pos, call.attn_mask).view(B * S, H, D))
             start += B * S
-        return torch.cat(out)
+        return torch.cat(out).view(-1, H * D)
+
+    @staticmethod
+    def _attend_one(layer: int, rows: torch.Tensor, call: ForwardCall) -> torch.Tensor:
+        """`KVCache.attend_rows` for one sequence's S rows (S, 3, H, D) at columns c .. c + S - 1 (in
+        the cache's dtype): keys and values written there, the queries attend with the cache's
+        kernel over the mask's span; returns the output as (S, H, D) (a transposed view)."""
+        cache, c, mask = call.cache, call.cache_pos, call.attn_mask
+        S = rows.shape[0]
+        kv = cache.kv[layer]  # (2, 1, H, capacity, D)
+        kv[:, 0, :, c:c + S] = rows[:, 1:].permute(1, 2, 0, 3)
+        span = mask.shape[-1] if mask is not None else c + S
+        y = attend_few(rows[:, 0].transpose(0, 1)[None], kv[0, :, :, :span], kv[1, :, :, :span], mask,
+                       cache.few_query)
+        return y[0].transpose(0, 1)
 
 
 def run_together(model: torch.nn.Module, calls: list[ForwardCall], conditions: Conditions | None
