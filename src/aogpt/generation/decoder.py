@@ -293,6 +293,9 @@ class DecoderSampler:
         dev = chain.device
         m = known.shape[-1]  # known (m,) shared by the batch, or (B, m) one row per sequence
         self.model, self.B, self.n, self.chain = model, B, n, chain
+        # a stand-in model may draw the tokens itself (the serving engine draws a step's tokens of all
+        # its requests in one call, row for row what `sample_tokens` draws for each: `aogpt.serve.engine`)
+        self.draw = getattr(model, "draw_tokens", sample_tokens)
         self.teacher = None if teacher is None else teacher.reshape(-1)
         # content of chain slot i is ychain[:, i] (start = -1); column n + 1 is a write sink
         self.ychain = torch.full((B, n + 2), -1, dtype=torch.long, device=dev)
@@ -347,7 +350,7 @@ class DecoderSampler:
             if self.teacher is not None:
                 new = self.teacher[step.chain_at]
             else:
-                new = sample_tokens(logits, cfg, uniforms=u)
+                new = self.draw(logits, cfg, uniforms=u)
             flat[step.dest] = new
             if self.logits is not None:
                 self.logits.view(-1, self.logits.shape[-1])[step.chain_at] = logits

@@ -32,6 +32,7 @@ import torch
 from aogpt.attention import attend_few
 from aogpt.inference import DECODE_PATH
 from aogpt.kv_cache import Conditions, KVCache
+from aogpt.sampling import SamplingConfig, sample_tokens
 
 
 @dataclass(slots=True)
@@ -140,6 +141,41 @@ def run_together(model: torch.nn.Module, calls: list[ForwardCall], conditions: C
     for B, Q in shapes:
         out.append(logits[at:at + B * Q].view(B, Q, -1))
         at += B * Q
+    return out
+
+
+@dataclass(slots=True)
+class DrawCall:
+    """The arguments of one request's token draw (`aogpt.sampling.sample_tokens`) after a step."""
+
+    logits: torch.Tensor  # (R, V)
+    cfg: SamplingConfig
+    uniforms: torch.Tensor | None  # (R, 1), the request's own stream's; None: greedy
+
+
+def draw_together(calls: list[DrawCall]) -> list[torch.Tensor | Exception]:
+    """Each call's tokens, what ``sample_tokens(logits, cfg, uniforms=uniforms)`` gives it alone, from
+    one call per sampling configuration over all their rows: every operation of a draw acts on each
+    row alone (softmax, truncation, cumulative sums, the search), so a row's token does not depend on
+    the rows beside it. A failing group hands its exception to its calls."""
+    out: list[torch.Tensor | Exception] = [None] * len(calls)  # type: ignore[list-item]
+    groups: dict[tuple, list[int]] = {}
+    for i, c in enumerate(calls):
+        groups.setdefault((c.cfg, c.logits.dtype, c.logits.shape[-1], c.uniforms is None), []).append(i)
+    for members in groups.values():
+        first = calls[members[0]]
+        try:
+            if len(members) == 1:
+                out[members[0]] = sample_tokens(first.logits, first.cfg, uniforms=first.uniforms)
+                continue
+            logits = torch.cat([calls[i].logits for i in members])
+            u = None if first.uniforms is None else torch.cat([calls[i].uniforms.reshape(-1, 1) for i in members])
+            tokens = sample_tokens(logits, first.cfg, uniforms=u).split([calls[i].logits.shape[0] for i in members])
+            for i, t in zip(members, tokens, strict=True):
+                out[i] = t
+        except Exception as exc:  # handed to the jobs, which report it
+            for i in members:
+                out[i] = exc
     return out
 
 
