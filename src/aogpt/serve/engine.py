@@ -147,6 +147,8 @@ class Engine:
         with torch.inference_mode():
             self.conditions = self.model.conditions()
         self.row_invariant = row_invariant(self.runner)
+        choice = getattr(self.runner, "choice", None)  # the fast path's kernels, measured in this process
+        self.decode_kernels = choice.describe() if choice is not None else "the model's own layers"
         if not self.row_invariant:
             log.warning("this machine's matrix kernels round a row differently with the number of rows: batched "
                         "requests may differ from offline generate() in rare tokens")

@@ -24,9 +24,11 @@ def test_bench_serve_quick(cli, tiny_run, tmp_path):
                                      "3 concurrent within 1.25x of generate() 3 at a time",
                                      "outputs identical to generate()"}
     assert summary["goals"]["outputs identical to generate()"]
+    assert "attention" in summary["decode_kernels"]["server"] and "attention" in summary["decode_kernels"]["in_process"]
     soak = summary["soak"]
     assert soak["sent"] > 0 and soak["lost"] == soak["duplicated"] == soak["different_from_generate"] == 0
     table = (tmp_path / "serve.md").read_text()
     assert "server, 3 concurrent clients" in table and "Soak: 3 clients" in table
     assert "generate() on the same requests, 3 at a time" in table and "Goals: " in table
+    assert "Decode kernels" in table
     assert json.loads((tmp_path / "serve.json").read_text())["clients"] == 3

@@ -156,6 +156,7 @@ def bench_serve(checkpoint: Path, clients: int, requests: int, max_tokens: int, 
     rounds: dict[str, list[dict[str, Any]]] = {"one": [], "many": []}
     reference: list[list[int]] = []
     server = Server(checkpoint, threads, clients)
+    kernels = {"in_process": _decode_kernels(model), "server": _server_health(server).get("decode_kernels")}
     try:
         for _ in range(repeats):  # every contender once per round, in the same order
             for key, run in (("generate", in_process_one), ("batch", in_process_batch)):
@@ -209,7 +210,8 @@ def bench_serve(checkpoint: Path, clients: int, requests: int, max_tokens: int, 
               "rows": rows, "speedup": many["tokens_per_second"] / one["tokens_per_second"],
               "versus_batch": many["wall_seconds"] / batch["wall_seconds"],
               "cpu_speedup": _ratio(one["cpu_seconds"], many["cpu_seconds"]),
-              "cpu_versus_batch": _ratio(many["cpu_seconds"], batch["cpu_seconds"]), "soak": soak}
+              "cpu_versus_batch": _ratio(many["cpu_seconds"], batch["cpu_seconds"]), "decode_kernels": kernels,
+              "soak": soak}
     result["goals"] = {f"{clients} concurrent at least {SPEEDUP_GOAL:g}x one at a time":
                        result["speedup"] >= SPEEDUP_GOAL,
                        f"{clients} concurrent within {BATCH_GOAL:g}x of generate() {clients} at a time":
@@ -217,6 +219,25 @@ def bench_serve(checkpoint: Path, clients: int, requests: int, max_tokens: int, 
                        "outputs identical to generate()": all(r["identical_to_generate"] == 1.0 for r in rows.values())}
     result["files"] = write_outputs(out, "serve", to_markdown(result), result)
     return result
+
+
+def _decode_kernels(model: Any) -> str:
+    """The kernels this process's decode path measured (each process measures its own at start)."""
+    from aogpt.inference import for_inference
+
+    choice = getattr(for_inference(model), "choice", None)
+    return choice.describe() if choice is not None else "the model's own layers"
+
+
+def _server_health(server: Server) -> dict[str, Any]:
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+    try:
+        conn.request("GET", "/health")
+        return json.loads(conn.getresponse().read())
+    except (OSError, http.client.HTTPException, ValueError):
+        return {}
+    finally:
+        conn.close()
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -273,6 +294,12 @@ def to_markdown(result: dict[str, Any]) -> str:
              "", "Goals: " + "; ".join(f"{goal}: {'met' if ok else 'NOT met'}" for goal, ok in result["goals"].items())
              + ".", "",
              f"Server: {result['server_threads']} torch thread(s). " + describe_environment(env)]
+    kernels = result.get("decode_kernels") or {}
+    if kernels.get("server") == kernels.get("in_process"):
+        lines += ["", f"Decode kernels (the server's and this process's): {kernels.get('server')}."]
+    else:  # each process measures its kernels at start; on a busy machine the choice can differ
+        lines += ["", f"Decode kernels: the server's {kernels.get('server')}; this process's (the in-process rows) "
+                  f"{kernels.get('in_process')}."]
     soak = result.get("soak")
     if soak:
         lines += ["", f"Soak: {soak['clients']} clients for {soak['seconds']:.0f} s: {soak['sent']} requests sent, "
