@@ -26,6 +26,7 @@ Then, with ``--duration``, a soak: N clients send the same requests in a loop fo
 
 from __future__ import annotations
 
+import gc
 import http.client
 import json
 import statistics
@@ -157,6 +158,8 @@ def bench_serve(checkpoint: Path, clients: int, requests: int, max_tokens: int, 
     reference: list[list[int]] = []
     server = Server(checkpoint, threads, clients)
     kernels = {"in_process": _decode_kernels(model), "server": _server_health(server).get("decode_kernels")}
+    gc.collect()  # as `aogpt serve` does: the start-up heap frozen, so Python's collector times no contender
+    gc.freeze()   # walking it (one full collection over it takes a tenth of a second)
     try:
         for _ in range(repeats):  # every contender once per round, in the same order
             for key, run in (("generate", in_process_one), ("batch", in_process_batch)):
