@@ -158,8 +158,8 @@ def bench_serve(checkpoint: Path, clients: int, requests: int, max_tokens: int, 
     reference: list[list[int]] = []
     server = Server(checkpoint, threads, clients)
     kernels = {"in_process": _decode_kernels(model), "server": _server_health(server).get("decode_kernels")}
-    gc.collect()  # as `aogpt serve` does: the start-up heap frozen, so Python's collector times no contender
-    gc.freeze()   # walking it (one full collection over it takes a tenth of a second)
+    gc.collect()  # as `aogpt serve` does: the heap so far frozen while timing, so that no contender is timed
+    gc.freeze()   # with Python's collector walking it (one full collection over it takes a tenth of a second)
     try:
         for _ in range(repeats):  # every contender once per round, in the same order
             for key, run in (("generate", in_process_one), ("batch", in_process_batch)):
@@ -180,6 +180,7 @@ def bench_serve(checkpoint: Path, clients: int, requests: int, max_tokens: int, 
         if soak is not None:
             tick("soak")
     finally:
+        gc.unfreeze()
         server.stop()
     env = finish_environment(env)
     tokens = requests * max_tokens
