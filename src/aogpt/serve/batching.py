@@ -20,6 +20,11 @@ with a weight packed once (`aogpt.inference`, the default decode path of `genera
 reduces every row in the same order whatever the row count. `row_invariant` checks that at start-up.
 Attention over one padded batch would not be invariant: its kernel reduces over the batch's longest
 span, which depends on the other requests.
+
+After the forward, each request draws its tokens from its rows of logits with its own uniforms;
+`draw_together` makes those draws in one call per sampling configuration: softmax, truncation,
+cumulative sums and the search act on each row alone, so a row's token does not depend on the rows
+beside it.
 """
 
 from __future__ import annotations

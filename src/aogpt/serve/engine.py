@@ -5,11 +5,14 @@ Each admitted request (a `Job`) runs the library's own `aogpt.generate` in a gre
 model whose ``forward_slots`` parks the call and hands control back to the engine. The engine's
 loop, one thread, resumes every running job until each has parked its next forward (or finished),
 then runs all parked calls as one forward (`aogpt.serve.batching.run_together`) and hands each job
-its logits. So requests that arrive while others decode join at the next step, finished ones simply
-stop calling, and no step waits for anyone. Sampling, plans, orders, speculative drafts and adaptive
-choices all happen in the request's own `generate`, with its own random streams, exactly as offline:
-only the forward is shared, and it is batch-invariant, so a seeded request gets the tokens
-`aogpt.generate(model, seed=...)` gives, alone or among others (docs/serve.md). Greenlets rather than
+its logits; the jobs then park their token draws (`SharedModel.draw_tokens`), which the engine makes
+in one call per sampling configuration (`aogpt.serve.batching.draw_together`). So requests that
+arrive while others decode join at the next step, finished ones simply stop calling, and no step
+waits for anyone. Plans, orders, each draw's uniforms, speculative drafts and adaptive choices all
+happen in the request's own `generate`, with its own random streams, exactly as offline: only the
+forward and the draws are shared, and both are batch-invariant (row for row what each request
+computes alone), so a seeded request gets the tokens `aogpt.generate(model, seed=...)` gives, alone
+or among others (docs/serve.md). Greenlets rather than
 threads: the jobs' Python work between forwards runs back to back in one thread, with no lock
 hand-offs and no contention for the interpreter.
 
