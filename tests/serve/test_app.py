@@ -99,6 +99,7 @@ def test_models_health_and_the_page(server):
     assert [m["id"] for m in models["data"]] == [server.name]
     health = httpx.get(server.url + "/health").json()
     assert health["status"] == "ok" and health["batch_invariant"] is True
+    assert health["decode_kernels"] == server.engine.decode_kernels and "attention" in health["decode_kernels"]
     page = httpx.get(server.url + "/")
     assert page.status_code == 200 and "<script>" in page.text and "http" not in page.text.split("<body>")[1]
 

@@ -137,7 +137,8 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int
         if state["engine"] in ("stuck", "stopped"):
             status = state["engine"]
         body = {"status": status, "model": model_name, **engine.load(), **state, "limits": limits,
-                "batch_invariant": engine.row_invariant, "context": config.block_size, "variant": config.variant,
+                "batch_invariant": engine.row_invariant, "decode_kernels": engine.decode_kernels,
+                "context": config.block_size, "variant": config.variant,
                 "stats": dict(engine.stats), "log_lines_dropped": dropped_lines() if dropped_lines else 0}
         return JSONResponse(body, status_code=503 if status in ("stuck", "stopped") else 200)
 
