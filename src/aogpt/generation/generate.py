@@ -34,7 +34,7 @@ from aogpt.memory import check_fits, generation_bytes
 from aogpt.orders import is_adaptive
 from aogpt.schedules import count_schedule
 
-__all__ = ["Conditioning", "DecodePlan", "GenerationResult", "GenerationSettings", "generate", "infill"]
+__all__ = ["Conditioning", "DecodePlan", "GenerationResult", "GenerationSettings", "generate", "infill", "text_end"]
 
 
 @dataclass
@@ -55,6 +55,16 @@ class GenerationResult:
     timing: dict[str, float] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
     logits: torch.Tensor | None = None
+
+
+def text_end(row: Any, start: int, eot: int | None) -> int | None:
+    """Where a continuation's text ends: the position of the first end-of-text token at or after
+    `start` in position order (None: none, or no `eot`). In any order but left to right, tokens
+    after it may have been revealed before it; they belong to the sample, not to its text."""
+    if eot is None:
+        return None
+    hits = np.flatnonzero(np.asarray(row)[start:] == eot)
+    return start + int(hits[0]) if len(hits) else None
 
 
 def _check_model(model: Any) -> torch.nn.Module:

@@ -354,8 +354,8 @@ class Engine:
             def on_step(revealed: Revealed) -> None:
                 job.on_event("step", revealed)
 
-            job.result = generate(SharedModel(self, job), **job.kwargs, prepack=False, compile=False,
-                                  on_step=on_step if job.steps else None)
+            job.result = (job.work or generate)(SharedModel(self, job), **job.kwargs, prepack=False, compile=False,
+                                                on_step=on_step if job.steps else None)
         except Cancelled:
             pass
         except AOGPTError as exc:
