@@ -232,6 +232,7 @@ def test_a_bug_is_a_500_without_traceback(tiny_loaded, monkeypatch):
         assert "Traceback" not in r.text
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_running_requests_and_refuses_new_ones(slow_checkpoint):
     """`aogpt serve` in its own process: SIGTERM while six streams run; all six finish, nothing new
     is served after it, and the process exits 0."""
