@@ -1,14 +1,21 @@
 """DDP and FSDP2 on CPU: two gloo processes under torchrun follow the one-process trajectory for the
-same global batch, a DDP run resumes with a different world size and an FSDP run resumes sharded."""
+same global batch, a DDP run resumes with a different world size and an FSDP run resumes sharded;
+a run leaves its process group only once its DDP model is gone (else a rank can hang on exit)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
+import socket
 import subprocess
 import sys
 
 import pytest
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from aogpt.train import loop, planning
 
 
 def rows(run):
@@ -72,3 +79,39 @@ def test_fsdp_without_torchrun_is_refused(cli, bytes_data, tmp_path):
     result = cli("train", "--preset", "tiny", "--data", bytes_data, "--out", tmp_path / "r", "--fsdp")
     assert result.code == 2 and result.err.strip() == (
         "error: --fsdp shards the model over several processes (launch with torchrun, or drop --fsdp)")
+
+
+@pytest.mark.parametrize("ending", ["trained", "failed"])
+def test_a_run_leaves_its_process_group_after_its_ddp_model_is_gone(ending, bytes_data, tmp_path, monkeypatch):
+    """Gloo's backend joins its worker threads when its last reference goes; DDP's reducer holds one and
+    drops it with the GIL held, while a worker finishing a collective may need the GIL: a rank then hung
+    for good on exit (one in about 14 torchrun resumes of the test above). So when the run leaves the
+    group (`destroy_process_group`), no DDP wrapper may be alive, not even in a failed run's traceback
+    or a reference cycle. One process in a gloo group of one, as torchrun starts it, trains with DDP."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    alive_at_destroy, destroy = [], dist.destroy_process_group
+
+    def watched_destroy(*args, **kwargs):
+        alive_at_destroy.append(sum(issubclass(type(o), DistributedDataParallel) for o in gc.get_objects()))
+        return destroy(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "destroy_process_group", watched_destroy)
+    if ending == "failed":
+        def fail(t, until=None):
+            assert isinstance(t.model, DistributedDataParallel)  # the model the traceback now holds
+            raise RuntimeError("the run failed")
+        monkeypatch.setattr(loop, "fit", fail)
+    run = planning.plan(tmp_path / "run", data=bytes_data, preset="tiny", max_steps=1, eval_interval=1,
+                        device="cpu", show_progress=False)
+    assert run.info.backend == "gloo"
+    if ending == "failed":
+        with pytest.raises(RuntimeError, match="the run failed"):
+            run.run()
+    else:
+        assert run.run()["step"] == 1
+    assert alive_at_destroy == [0] and not dist.is_initialized()
