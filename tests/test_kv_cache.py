@@ -29,22 +29,22 @@ def test_ragged_attention_is_each_rows_own_attention_without_padding(B):
     assert len(where.buckets) >= widths
     if B == 64:  # gathered per width instead of dozens of one-sequence runs
         assert len(where.buckets) == widths and any(not isinstance(bk.seqs, slice) for bk in where.buckets)
-    cache = KVCache(1, B, H, cap, D, "cpu", torch.float64, attention="sdpa")
+    cache = KVCache(1, B, H, cap, D, "cpu", torch.float64, kernel="sdpa")
     cache.k.normal_(generator=gen)
     cache.v.normal_(generator=gen)
     old_k, old_v = cache.k[0].clone(), cache.v[0].clone()
-    q, k, v = (torch.randn(1, H, R, D, generator=gen, dtype=torch.float64) for _ in range(3))
-    out = cache.attend(0, q, k, v, where, None)
+    qkv = torch.randn(R, 3, H, D, generator=gen, dtype=torch.float64)
+    out = cache.attend_rows(0, qkv, where, None, D ** -0.5).view(R, H, D)
     keys, values = old_k.clone(), old_v.clone()
-    keys[b, :, col] = k[0].transpose(0, 1)
-    values[b, :, col] = v[0].transpose(0, 1)
+    keys[b, :, col] = qkv[:, 1]
+    values[b, :, col] = qkv[:, 2]
     assert torch.equal(cache.k[0], keys) and torch.equal(cache.v[0], values)
     for r in range(R):  # row r sees its sequence's decided columns up to itself, and itself
         c = np.arange(cap)
         seen = torch.from_numpy(((c < decided[b[r]]) & (c <= col[r])) | (c == col[r]))
         kk, vv = keys[b[r]][:, seen], values[b[r]][:, seen]
-        w = torch.softmax(q[0, :, r:r + 1] @ kk.transpose(-1, -2) / D ** 0.5, dim=-1)
-        torch.testing.assert_close(out[0, :, r], (w @ vv)[:, 0])
+        w = torch.softmax(qkv[r, 0][:, None] @ kk.transpose(-1, -2) / D ** 0.5, dim=-1)
+        torch.testing.assert_close(out[r], (w @ vv)[:, 0])
 
 
 def test_a_bf16_model_attends_over_a_float32_cache():
@@ -52,10 +52,37 @@ def test_a_bf16_model_attends_over_a_float32_cache():
     output comes back in bf16, equal to attention computed in float64 on the same bf16 inputs."""
     gen = torch.Generator().manual_seed(1)
     B, H, S, D, cap = 2, 2, 3, 8, 6
-    cache = KVCache(1, B, H, cap, D, "cpu", torch.bfloat16, attention="auto")
+    cache = KVCache(1, B, H, cap, D, "cpu", torch.bfloat16)
     assert cache.k.dtype == torch.float32
-    q, k, v = (torch.randn(B, H, S, D, generator=gen).to(torch.bfloat16) for _ in range(3))
-    out = cache.attend(0, q, k, v, 0, None)
+    qkv = torch.randn(B * S, 3, H, D, generator=gen).to(torch.bfloat16)
+    out = cache.attend_rows(0, qkv, 0, None, D ** -0.5)
+    q, k, v = (qkv[:, i].view(B, S, H, D).transpose(1, 2) for i in range(3))
+    out = out.view(B, S, H, D).transpose(1, 2)
     assert out.dtype == torch.bfloat16 and torch.equal(cache.k[0, :, :, :S], k.float())
     ref = torch.softmax(q.double() @ k.double().transpose(-1, -2) / D ** 0.5, dim=-1) @ v.double()  # no mask: all
     torch.testing.assert_close(out.double(), ref, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "matmul"])
+def test_per_sequence_columns_write_where_they_say_and_attend_under_the_mask(kernel):
+    """A (B, S) block whose columns are a tensor (a compiled or captured step's static form): each row
+    written at its own column, and attending over the whole cache under the mask it is given."""
+    gen = torch.Generator().manual_seed(2)
+    B, S, H, D, cap = 3, 2, 2, 4, 7
+    cache = KVCache(1, B, H, cap, D, "cpu", torch.float64, kernel=kernel)
+    cache.kv.normal_(generator=gen)
+    before = cache.kv.clone()
+    cols = torch.tensor([[2, 3], [4, 5], [0, 1]])
+    qkv = torch.randn(B * S, 3, H, D, generator=gen, dtype=torch.float64)
+    seen = torch.arange(cap)[None, None, :] <= cols[:, :, None]  # causal up to each row's own column
+    mask = torch.zeros(B, 1, S, cap, dtype=torch.float64).masked_fill_(~seen[:, None], float("-inf"))
+    out = cache.attend_rows(0, qkv, cols, mask, 0.5).view(B, S, H, D)
+    after = before.clone()
+    for b in range(B):
+        for s in range(S):
+            after[0, 0, b, :, cols[b, s]] = qkv[b * S + s, 1]
+            after[0, 1, b, :, cols[b, s]] = qkv[b * S + s, 2]
+            keys, values = after[0, 0, b][:, seen[b, s]], after[0, 1, b][:, seen[b, s]]
+            w = torch.softmax(0.5 * qkv[b * S + s, 0][:, None] @ keys.transpose(-1, -2), dim=-1)
+            torch.testing.assert_close(out[b, s], (w @ values)[:, 0])
+    assert torch.equal(cache.kv, after)

@@ -40,16 +40,22 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from aogpt.attention import KERNELS, attend, attend_few
+from aogpt.attention import KERNELS, attend_few, choose_kernel
 
 
 @dataclass
 class Conditions:
     """Per-position adaLN rows computed from fixed weights: blocks[i] (P + 1, 6d) for block i,
-    final (P + 1, 2d); row P is the "no target" sentinel."""
+    final (P + 1, 2d); row P is the "no target" sentinel. `table` (P + 1, layers * 6d): the blocks'
+    rows side by side (`blocks` are its column slices), looked up once per step for every block."""
 
     blocks: list[torch.Tensor]
     final: torch.Tensor
+    table: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.table is None:
+            self.table = torch.cat(self.blocks, dim=1)
 
 
 ATTENTION = KERNELS  # the kernels a decode step may use (`aogpt.attention`)
@@ -69,12 +75,6 @@ def step_mask(cols: torch.Tensor, decided: int | torch.Tensor, span: int) -> tor
     col = cols[..., None]
     decided = decided[..., None] if isinstance(decided, torch.Tensor) else decided
     return ((a < decided) & (a <= col)) | (a == col)
-
-
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-              kind: str = "sdpa") -> torch.Tensor:
-    """softmax(q k^T / sqrt(d) + mask) v over the cache's columns, by `aogpt.attention.attend`."""
-    return attend(q, k, v, mask, kind=kind)
 
 
 @dataclass
@@ -255,9 +255,10 @@ LAYOUTS = ("buckets", "padded")  # a ragged step's attention: one call per run o
 
 
 def ragged_layout(model: object, default: str = "buckets") -> str:
-    """The layout a decode runner wants for ragged steps (its ``ragged_layout``, which the fast path
-    measures); a model or the reference path has none, and each sampler keeps its own (`default`)."""
-    return getattr(model, "ragged_layout", default)
+    """The layout a model wants for ragged steps (its ``kernels.ragged``, which the fast decode path
+    measures); unset (the reference path), each sampler keeps its own (`default`)."""
+    kernels = getattr(model, "kernels", None)
+    return getattr(kernels, "ragged", None) or default
 
 
 def step_rows(layout: str, sizes: np.ndarray, first: np.ndarray, decided: np.ndarray, dtype: torch.dtype,
@@ -283,85 +284,29 @@ class KVCache:
     set up from. Keys and values of a layer are one buffer (2, B, H, capacity, D), so a step writes
     both with one copy (`attend_rows`); `k` and `v` are its two halves, (layers, B, H, capacity, D).
 
-    `attention` is the kernel of `attend` (the reference decode path, `aogpt.attention.attend`);
-    `few_query` the kernel of `attend_rows` (the fast path, `aogpt.attention.attend_few`); `store`
-    the dtype keys are kept in (default `storage_dtype`)."""
+    `kernel` is the few-query attention kernel of `attend_rows` (`aogpt.attention.CACHE_KERNELS`),
+    `store` the dtype keys are kept in (default `storage_dtype`); `cache_settings` turns a
+    generation's ``attention`` setting into both."""
 
     def __init__(self, n_layer: int, batch: int, n_head: int, capacity: int, head_dim: int,
                  device: torch.device | str, dtype: torch.dtype, conditions: Conditions | None = None,
-                 attention: str = "sdpa", few_query: str = "sdpa", store: torch.dtype | None = None):
+                 kernel: str = "sdpa", store: torch.dtype | None = None):
         store = store or storage_dtype(torch.device(device), dtype)
         self.kv = torch.zeros((n_layer, 2, batch, n_head, capacity, head_dim), device=device, dtype=store)
         self.k, self.v = self.kv[:, 0], self.kv[:, 1]
         self.batch, self.capacity = batch, capacity
         self.conditions = conditions
-        self.attention = attention
-        self.few_query = few_query
+        self.kernel = kernel
         self._rows = torch.arange(batch, device=device)[:, None]
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               cache_pos: int | torch.Tensor | PackedSlots | RaggedSlots,
-               attn_mask: torch.Tensor | None) -> torch.Tensor:
-        """Write this forward's keys/values at `cache_pos` and attend over the cache: q, k, v are
-        (B, H, S, D), or (1, H, R, D) for packed rows; returns the attention output, same shape and
-        dtype as q (computed in the cache's dtype, `storage_dtype`)."""
-        if q.dtype != self.k.dtype:
-            out = q.dtype
-            q, k, v = q.to(self.k.dtype), k.to(self.k.dtype), v.to(self.k.dtype)
-            if attn_mask is not None and attn_mask.dtype.is_floating_point:
-                attn_mask = attn_mask.to(self.k.dtype)
-            return self.attend(layer, q, k, v, cache_pos, attn_mask).to(out)
-        if isinstance(cache_pos, RaggedSlots):
-            return self._attend_ragged(layer, q, k, v, cache_pos)
-        if not isinstance(cache_pos, PackedSlots):
-            span = attn_mask.shape[-1] if attn_mask is not None else cache_pos + q.shape[2]
-            k, v = self.update(layer, k, v, cache_pos, span)
-            return attention(q, k, v, attn_mask, self.attention)
-        where, H, D = cache_pos, q.shape[1], q.shape[3]
-        kc, vc = self.k[layer], self.v[layer]
-        kc[where.batch, :, where.column] = k[0].transpose(0, 1)
-        vc[where.batch, :, where.column] = v[0].transpose(0, 1)
-        span = attn_mask.shape[-1]
-        padded = q.new_zeros(self.batch * where.width, H, D).index_copy_(0, where.pad, q[0].transpose(0, 1))
-        padded = padded.view(self.batch, where.width, H, D).transpose(1, 2)
-        y = attention(padded, kc[:, :, :span], vc[:, :, :span], attn_mask, self.attention)
-        return y.transpose(1, 2).reshape(-1, H, D).index_select(0, where.pad).transpose(0, 1)[None]
-
-    def _attend_ragged(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       where: RaggedSlots) -> torch.Tensor:
-        """Packed rows (1, H, R, D): keys written at their columns, then one attention call per width."""
-        kc, vc = self.k[layer], self.v[layer]
-        kc[where.batch, :, where.column] = k[0].transpose(0, 1)
-        vc[where.batch, :, where.column] = v[0].transpose(0, 1)
-        out = []
-        for bucket in where.buckets:
-            rows = q[0, :, bucket.start:bucket.start + bucket.count * bucket.width]  # (H, count * width, D)
-            qb = rows.unflatten(1, (bucket.count, bucket.width)).transpose(0, 1)
-            span = bucket.mask.shape[-1]
-            keys, values = kc[bucket.seqs, :, :span], vc[bucket.seqs, :, :span]
-            y = attention(qb, keys, values, bucket.mask, self.attention)
-            out.append(y.transpose(0, 1).flatten(1, 2))
-        return (out[0] if len(out) == 1 else torch.cat(out, dim=1))[None]
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, cache_pos: int | torch.Tensor,
-               span: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write this forward's keys/values (B, H, S, D) at `cache_pos`; return columns [0, span)."""
-        kc, vc = self.k[layer], self.v[layer]
-        if isinstance(cache_pos, int):
-            end = cache_pos + k.shape[2]
-            kc[:, :, cache_pos:end] = k
-            vc[:, :, cache_pos:end] = v
-        else:  # per-sequence columns: kc[b, :, cache_pos[b, s]] = k[b, :, s]
-            kc[self._rows, :, cache_pos] = k.transpose(1, 2)
-            vc[self._rows, :, cache_pos] = v.transpose(1, 2)
-        return kc[:, :, :span], vc[:, :, :span]
-
-    def attend_rows(self, layer: int, qkv: torch.Tensor, cache_pos: int | PackedSlots | RaggedSlots,
-                    attn_mask: torch.Tensor | None) -> torch.Tensor:
-        """The fast decode path's attention (`aogpt.decode`): this step's rows `qkv` (R, 3, H, D), queries
-        already scaled, in the forward's row order (a uniform (B, S) step: sequence-major; a ragged
-        one: packed). Writes their keys and values with one copy, attends with `few_query` over the
-        cache and returns (R, H * D) in qkv's dtype (computed in the cache's, `storage_dtype`)."""
+    def attend_rows(self, layer: int, qkv: torch.Tensor, cache_pos: int | torch.Tensor | PackedSlots | RaggedSlots,
+                    attn_mask: torch.Tensor | None, scale: float = 1.0) -> torch.Tensor:
+        """A forward's attention over the cache: this step's rows `qkv` (R, 3, H, D) in the forward's
+        row order (a (B, S) block: sequence-major; a packed step: packed) are written at `cache_pos`
+        (an int start column shared by the batch, (B, S) columns, or the packed layouts) with one
+        copy, then each row attends with `kernel` over its sequence's columns under `attn_mask`
+        (additive, or None: every column up to the block's last), queries scaled by `scale`.
+        Returns (R, H * D) in qkv's dtype (computed in the cache's, `storage_dtype`)."""
         R, _, H, D = qkv.shape
         out_dtype = qkv.dtype
         if qkv.dtype != self.kv.dtype:
@@ -369,14 +314,18 @@ class KVCache:
         if attn_mask is not None and attn_mask.dtype != self.kv.dtype:
             attn_mask = attn_mask.to(self.kv.dtype)
         kv = self.kv[layer]
-        if isinstance(cache_pos, int):  # a (B, S) block at columns cache_pos .. cache_pos + S - 1
+        if isinstance(cache_pos, (int, torch.Tensor)):  # a (B, S) block
             B = self.batch
             S = R // B
             rows = qkv.view(B, S, 3, H, D)
-            kv[:, :, :, cache_pos:cache_pos + S] = rows[:, :, 1:].permute(2, 0, 3, 1, 4)
-            span = attn_mask.shape[-1] if attn_mask is not None else cache_pos + S
+            if isinstance(cache_pos, int):  # columns cache_pos .. cache_pos + S - 1
+                kv[:, :, :, cache_pos:cache_pos + S] = rows[:, :, 1:].permute(2, 0, 3, 1, 4)
+                span = attn_mask.shape[-1] if attn_mask is not None else cache_pos + S
+            else:  # per-sequence columns: kv[:, b, :, cache_pos[b, s]] = the row (b, s); the mask says the span
+                kv[:, self._rows, :, cache_pos] = rows[:, :, 1:]
+                span = attn_mask.shape[-1]
             y = attend_few(rows[:, :, 0].transpose(1, 2), kv[0, :, :, :span], kv[1, :, :, :span], attn_mask,
-                           self.few_query)
+                           self.kernel, scale)
             return y.transpose(1, 2).reshape(R, H * D).to(out_dtype)
         kv[:, cache_pos.batch, :, cache_pos.column] = qkv[:, 1:]
         if isinstance(cache_pos, PackedSlots):  # queries scattered into (B, width), padding dropped after
@@ -384,7 +333,7 @@ class KVCache:
             padded = qkv.new_zeros(self.batch * W, H, D).index_copy_(0, cache_pos.pad, qkv[:, 0])
             padded = padded.view(self.batch, W, H, D).transpose(1, 2)
             span = attn_mask.shape[-1]
-            y = attend_few(padded, kv[0, :, :, :span], kv[1, :, :, :span], attn_mask, self.few_query)
+            y = attend_few(padded, kv[0, :, :, :span], kv[1, :, :, :span], attn_mask, self.kernel, scale)
             return y.transpose(1, 2).reshape(-1, H * D).index_select(0, cache_pos.pad).to(out_dtype)
         out = []
         for bucket in cache_pos.buckets:  # one call per run of consecutive sequences of one width
@@ -392,7 +341,23 @@ class KVCache:
             q = qkv[bucket.start:bucket.start + c * w, 0].view(c, w, H, D).transpose(1, 2)
             span = bucket.mask.shape[-1]
             mask = bucket.mask if bucket.mask.dtype == self.kv.dtype else bucket.mask.to(self.kv.dtype)
-            y = attend_few(q, kv[0, bucket.seqs, :, :span], kv[1, bucket.seqs, :, :span], mask, self.few_query)
+            y = attend_few(q, kv[0, bucket.seqs, :, :span], kv[1, bucket.seqs, :, :span], mask, self.kernel, scale)
             out.append(y.transpose(1, 2).reshape(c * w, H * D))
         return (out[0] if len(out) == 1 else torch.cat(out)).to(out_dtype)
 
+
+def cache_settings(attention: str, device: torch.device, dtype: torch.dtype, measured: str | None = None,
+                   measured_store: torch.dtype | None = None) -> tuple[str, torch.dtype]:
+    """The few-query kernel and the key dtype of a cache for a generation's ``attention`` setting
+    (`aogpt.attention.KERNELS`): ``auto`` is what the decode path measured on this machine
+    (`measured`, `measured_store`; `aogpt.decode.choice`) or, unmeasured, `choose_kernel`'s rule over
+    `storage_dtype`; ``explicit`` is the batched products (``matmul``); ``sdpa-fp32`` SDPA over a
+    float32 cache; ``sdpa`` and ``flex`` themselves."""
+    store = measured_store or storage_dtype(device, dtype)
+    if attention == "auto":
+        if measured is not None:
+            return measured, store
+        return ("matmul" if choose_kernel(device, store) == "explicit" else "sdpa"), store
+    if attention == "sdpa-fp32":
+        return "sdpa", torch.float32
+    return ("matmul" if attention == "explicit" else attention), store

@@ -16,8 +16,9 @@ evaluations (real and padded):
 - ``gpt``: our left-to-right GPT with its KV cache (n steps, one token each);
 - ``hf-gpt2``: Hugging Face `transformers` GPT-2 `generate()` with its KV cache, same size, when
   `transformers` is installed (`aogpt.bench.hf_gpt2`);
-- ``aogpt-reference`` / ``gpt-reference``: AO-GPT (Bernoulli) and our GPT on the previous decode path
-  (``decode_path="reference"``, `aogpt.inference`): the fast path's speed-up, side by side.
+- ``aogpt-reference`` / ``gpt-reference``: AO-GPT (Bernoulli) and our GPT on the reference decode path
+  (``decode_path="reference"``: the model's own layers with torch's default kernels, `aogpt.inference`):
+  the fast path's speed-up, side by side.
 
 With FLOPs counted (the default), every step is also set against its roofline (`aogpt.bench.roofline`):
 the run measures one thread's memory read rate (`aogpt.bench.limits.memory_bandwidth`, before and
@@ -80,12 +81,12 @@ METHODS: dict[str, Method] = {
     "encoder-est": Method("encoder-mdm", "encoder-only MDM, estimated: T x one timed pass", estimate=True),
     "gpt": Method("gpt", "our GPT, KV cache (n steps)", dict(policy="count", order="l2r"), every_t=False),
     "hf-gpt2": Method(None, "transformers GPT-2 generate(), KV cache (n steps)", every_t=False),
-    "aogpt-reference": Method("aogpt", "AO-GPT, Bernoulli, on the previous decode path",
+    "aogpt-reference": Method("aogpt", "AO-GPT, Bernoulli, on the reference decode path",
                               dict(policy="bernoulli", decode_path="reference")),
-    "gpt-reference": Method("gpt", "our GPT on the previous decode path (n steps)",
+    "gpt-reference": Method("gpt", "our GPT on the reference decode path (n steps)",
                             dict(policy="count", order="l2r", decode_path="reference"), every_t=False),
 }
-REFERENCE = {"aogpt-reference": "aogpt", "gpt-reference": "gpt"}  # the previous decode path -> the fast one
+REFERENCE = {"aogpt-reference": "aogpt", "gpt-reference": "gpt"}  # the reference decode path -> the fast one
 DEFAULT_METHODS = ("aogpt", "aogpt-count", "aogpt-nocache", "encoder", "encoder-noskip", "gpt", "hf-gpt2")
 DEFAULT_STEPS = (16, 32, 64, 128, 256)
 QUICK = dict(n=32, batch=2, steps=(4, 8, 32), size=QUICK_SIZE, repeats=1, memory_buffer=64 * 2 ** 20)
@@ -107,11 +108,8 @@ def _cache_dtype(model: Any, settings: dict[str, Any]) -> torch.dtype:
     from aogpt.kv_cache import storage_dtype
 
     p = next(model.parameters())
-    if decode_path(settings_from(None, **settings)) == "fast":
-        runner = for_inference(model)
-        if hasattr(runner, "choice"):
-            return runner.choice.store
-    return storage_dtype(p.device, p.dtype)
+    runner = for_inference(model, path=decode_path(settings_from(None, **settings)))
+    return runner.kernels.cache_store or storage_dtype(p.device, p.dtype)
 
 
 def _step_bytes(method: str, model: Any, result: Any, n: int, batch: int, T: int) -> StepBytes:

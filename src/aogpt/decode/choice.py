@@ -103,6 +103,8 @@ def _fastest(candidates: dict[str, Callable[[], object]]) -> dict[str, float]:
 
 
 ROLES = ("qkv", "proj", "fc", "out", "head")  # a block's four products and the output head
+DECODE_PATH = {"attn.c_attn": "qkv", "attn.c_proj": "proj", "mlp.c_fc": "fc", "mlp.c_proj": "out",
+               "lm_head": "head"}  # the module name (suffix) of each role's linear layer in a model
 
 
 def _call(role: str, kernel: LinearKernel, residual: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -202,4 +204,4 @@ def forget() -> None:
     _CACHE.clear()
 
 
-__all__ = ["ROLES", "Choice", "Shapes", "choose", "forget"]
+__all__ = ["DECODE_PATH", "ROLES", "Choice", "Shapes", "choose", "forget"]

@@ -208,8 +208,7 @@ def _run(req: _Request, progress: Callable[[int], None] | None) -> tuple[list[_B
     """Decode every batch in inference mode (the model's training flag restored after); the batches
     and the seconds taken."""
     model = req.model
-    runner = for_inference(model, rows_hint=req.batch_size, path=decode_path(req.settings)) \
-        if req.settings.prepack and not req.settings.compile else model
+    runner = for_inference(model, path=decode_path(req.settings)) if req.settings.prepack else model
     device = next(model.parameters()).device
     batches = []
     was_training = model.training
@@ -230,7 +229,7 @@ def _run(req: _Request, progress: Callable[[int], None] | None) -> tuple[list[_B
 def decode_path(settings: GenerationSettings) -> str:
     """The decode path a generation runs on: the setting's, except that FlexAttention (fast only
     compiled) and a compiled step take the reference path (oneDNN's pre-packed weights are opaque to
-    inductor: a compiled step runs the model's plain linear layers, which `prepack` leaves unpacked)."""
+    inductor: a compiled step runs the model's own linear layers)."""
     return "reference" if settings.compile or settings.attention == "flex" else settings.decode_path
 
 
