@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from aogpt.kv_cache import KVCache, ragged_rows
+from aogpt.decode.layouts import ragged_rows
+from aogpt.kv_cache import KVCache
 
 
 @pytest.mark.parametrize("B", [6, 64])  # runs of consecutive sequences (views); a large batch: one call per width

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from aogpt.attention import KERNELS, attend_few, choose_kernel
@@ -81,12 +80,23 @@ def step_mask(cols: torch.Tensor, decided: int | torch.Tensor, span: int) -> tor
 class PackedSlots:
     """Where the rows of a packed forward go: row r belongs to sequence `batch[r]`, writes its keys
     at cache column `column[r]`, and sits at `pad[r]` = b * width + s of the (B, width) layout that
-    attention runs in."""
+    attention runs in. `cols` and `limit` (B, width), when given: the cache column of each slot of
+    that layout and the columns before `limit` it sees besides its own (a padding slot: 0 and 0,
+    column 0 only), from which `mask` builds the step's mask over the first `span` columns."""
 
     batch: torch.Tensor
     column: torch.Tensor
     pad: torch.Tensor
     width: int
+    cols: torch.Tensor | None = None
+    limit: torch.Tensor | None = None
+    span: int = 0
+
+    def mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """The additive mask (B, 1, width, span): 0 where a slot may attend, -inf elsewhere."""
+        a = torch.arange(self.span, device=self.cols.device)
+        allowed = (a < self.limit[..., None]) | (a == self.cols[..., None])
+        return torch.where(allowed, 0.0, float("-inf")).to(dtype)[:, None]
 
 
 @dataclass
@@ -123,160 +133,6 @@ def storage_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
     if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
         return torch.float32
     return dtype
-
-
-MAX_VIEW_RUNS = 8  # up to this many runs (at least: twice the widths), views of the cache beat gathered copies
-
-
-def additive_rows(cols: np.ndarray, decided: np.ndarray, span: int, dtype: torch.dtype,
-                  device: torch.device) -> torch.Tensor:
-    """`additive(step_mask(...))` built in numpy, for rows at cache columns `cols` (any shape) whose
-    sequences have `decided` (same shape) decided columns: (..., span), 0 where a row may attend."""
-    a = np.arange(span)
-    c, g = cols[..., None], decided[..., None]
-    allowed = ((a < g) & (a <= c)) | (a == c)
-    bias = np.where(allowed, np.float32(0), np.float32(-np.inf))
-    return torch.from_numpy(bias).to(device=device, dtype=dtype)
-
-
-def ragged_rows(sizes: np.ndarray, first: np.ndarray, decided: np.ndarray, dtype: torch.dtype,
-                device: torch.device) -> tuple[np.ndarray, np.ndarray, RaggedSlots]:
-    """The packed rows of a ragged step, bucketed by width: sequence b has `sizes[b]` rows (0: it sits
-    the step out) at cache columns first[b] .. first[b] + sizes[b] - 1, and `decided[b]` decided
-    columns that its rows may see (`step_mask`). Returns the rows' sequences and columns (numpy, in
-    packed order) and the `RaggedSlots` for the forward (`ragged_steps` for one step)."""
-    return ragged_steps(sizes[None], first[None], decided[None], dtype, device)[0]
-
-
-MASK_CHUNK = 1 << 24  # mask elements built at once while planning ragged steps (64 MiB of float32)
-
-
-def ragged_steps(sizes: np.ndarray, first: np.ndarray, decided: np.ndarray, dtype: torch.dtype,
-                 device: torch.device) -> list[tuple[np.ndarray, np.ndarray, RaggedSlots]]:
-    """`ragged_rows` for several steps at once, (T, B) arrays: a decode loop plans all its steps
-    before the first forward, so the index arithmetic, the buckets and the masks of every step are
-    built with a few numpy operations over all of them (per step, only the `Bucket` objects remain)."""
-    T, B = sizes.shape
-    order = np.argsort(sizes * (B + 1) + np.arange(B), axis=1, kind="stable")  # by width, then by index
-    width = np.take_along_axis(sizes, order, axis=1)
-    rows_per_step = width.sum(axis=1)
-    row0 = np.cumsum(rows_per_step) - rows_per_step
-    flat_w, flat_s = width.ravel(), order.ravel()
-    flat_t = np.repeat(np.arange(T), B)
-    step_of = np.repeat(flat_t, flat_w)
-    b_all = np.repeat(flat_s, flat_w)
-    within = np.arange(len(b_all)) - np.repeat(np.cumsum(flat_w) - flat_w, flat_w)
-    col_all = first[step_of, b_all] + within
-    # buckets: runs of consecutive sequences of one width within a step (their cache is a view: a
-    # slice of the batch, never a gathered copy, which per layer costs more than the extra calls)
-    on = flat_w > 0
-    t_on, s_on, w_on = flat_t[on], flat_s[on], flat_w[on]
-    new = np.r_[True, (t_on[1:] != t_on[:-1]) | (w_on[1:] != w_on[:-1]) | (s_on[1:] != s_on[:-1] + 1)]
-    runs_per_step = np.bincount(t_on[new], minlength=T)
-    widths_per_step = np.array([len(np.unique(w_on[t_on == t])) for t in range(T)]) if \
-        (runs_per_step > MAX_VIEW_RUNS).any() else np.zeros(T, dtype=np.int64)
-    gathered = runs_per_step > np.maximum(MAX_VIEW_RUNS, 2 * widths_per_step)
-    # a large batch (a sampler's law test, a server's full batch): runs of consecutive sequences would be
-    # nearly one attention call per sequence; one call per width there, its keys gathered
-    new_g = np.r_[True, (t_on[1:] != t_on[:-1]) | (w_on[1:] != w_on[:-1])]
-    new = np.where(gathered[t_on], new_g, new)
-    starts = np.flatnonzero(new)
-    count = np.diff(np.r_[starts, len(t_on)])
-    bucket_t, bucket_w = t_on[starts], w_on[starts]
-    bucket_lo, bucket_hi = s_on[starts], s_on[starts + count - 1]
-    rows_before = np.cumsum(count * bucket_w) - count * bucket_w
-    bucket_row = rows_before - row0[bucket_t]  # first row within its step
-    span = np.maximum.reduceat(first[t_on, s_on], starts) + bucket_w
-    b_t = torch.from_numpy(b_all.astype(np.int64)).to(device)
-    col_t = torch.from_numpy(col_all.astype(np.int64)).to(device)
-    masks = _chunked_masks(col_all, decided[step_of, b_all], step_of, row0, rows_per_step, dtype, device)
-    buckets: list[list[Bucket]] = [[] for _ in range(T)]
-    for i in range(len(starts)):
-        t, c, w, lo, hi = int(bucket_t[i]), int(count[i]), int(bucket_w[i]), int(bucket_lo[i]), int(bucket_hi[i])
-        at, sp = int(bucket_row[i]), int(span[i])
-        which = slice(lo, hi + 1) if hi - lo + 1 == c else \
-            torch.from_numpy(s_on[starts[i]:starts[i] + c].astype(np.int64)).to(device)
-        mask = masks[t][at:at + c * w, :, :sp].unflatten(0, (c, w)).transpose(1, 2)
-        buckets[t].append(Bucket(at, c, w, which, mask))
-    out = []
-    for t in range(T):
-        r0, r1 = int(row0[t]), int(row0[t] + rows_per_step[t])
-        out.append((b_all[r0:r1], col_all[r0:r1], RaggedSlots(b_t[r0:r1], col_t[r0:r1], buckets[t])))
-    return out
-
-
-def _chunked_masks(col: np.ndarray, decided: np.ndarray, step_of: np.ndarray, row0: np.ndarray,
-                   rows_per_step: np.ndarray, dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
-    """Every step's additive mask rows (R_t, 1, span_t), built in chunks of steps of at most
-    `MASK_CHUNK` elements (`additive_rows` over the chunk's widest span)."""
-    T = len(rows_per_step)
-    span_t = np.zeros(T, dtype=np.int64)
-    np.maximum.at(span_t, step_of, col + 1)
-    out: list[torch.Tensor] = []
-    t = 0
-    while t < T:
-        end, widest = t + 1, int(span_t[t])
-        while end < T and int(rows_per_step[t:end + 1].sum()) * max(widest, int(span_t[end])) <= MASK_CHUNK:
-            widest = max(widest, int(span_t[end]))
-            end += 1
-        r0, r1 = int(row0[t]), int(row0[end - 1] + rows_per_step[end - 1])
-        chunk = additive_rows(col[r0:r1], decided[r0:r1], widest, dtype, device)[:, None]
-        for u in range(t, end):
-            a = int(row0[u]) - r0
-            out.append(chunk[a:a + int(rows_per_step[u]), :, :int(span_t[u])])
-        t = end
-    return out
-
-
-def padded_rows(sizes: np.ndarray, first: np.ndarray, decided: np.ndarray, dtype: torch.dtype,
-                device: torch.device) -> tuple[np.ndarray, np.ndarray, PackedSlots, torch.Tensor]:
-    """The packed rows of a ragged step in one attention call: sequence b's `sizes[b]` rows (0: it sits
-    the step out) at cache columns first[b] .. first[b] + sizes[b] - 1, sequence-major, attend in the
-    padded (B, width) layout under the returned additive mask (B, 1, width, span) over the first span
-    cache columns (`step_mask` with `decided`); a padding row sees column 0 only and is dropped.
-    Returns the rows' sequences and columns (numpy), the `PackedSlots` and the mask."""
-    B = len(sizes)
-    R, W = int(sizes.sum()), int(sizes.max())
-    b = np.repeat(np.arange(B), sizes)
-    s = np.arange(R) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-    col = first[b] + s
-    span = int(col.max()) + 1
-
-    def t(a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
-
-    cols = first[:, None] + np.arange(W)
-    padding = np.arange(W) >= sizes[:, None]  # a padding row sees column 0 only
-    mask = additive_rows(np.where(padding, 0, cols), np.where(padding, 0, decided[:, None]), span, dtype, device)
-    return b, col, PackedSlots(t(b), t(col), t(b * W + s), W), mask[:, None]
-
-
-LAYOUTS = ("buckets", "padded")  # a ragged step's attention: one call per run of a width, or one padded call
-
-
-def ragged_layout(model: object, default: str = "buckets") -> str:
-    """The layout a model wants for ragged steps (its ``kernels.ragged``, which the fast decode path
-    measures); unset (the reference path), each sampler keeps its own (`default`)."""
-    kernels = getattr(model, "kernels", None)
-    return getattr(kernels, "ragged", None) or default
-
-
-def step_rows(layout: str, sizes: np.ndarray, first: np.ndarray, decided: np.ndarray, dtype: torch.dtype,
-              device: torch.device) -> tuple[np.ndarray, np.ndarray, RaggedSlots | PackedSlots, torch.Tensor | None]:
-    """A ragged step's packed rows in `layout` (`ragged_rows` or `padded_rows`): their sequences and
-    columns (numpy, in packed order), where their keys go, and the step's mask (None for buckets,
-    which carry their own)."""
-    if layout == "padded":
-        return padded_rows(sizes, first, decided, dtype, device)
-    b, col, where = ragged_rows(sizes, first, decided, dtype, device)
-    return b, col, where, None
-
-
-def sequence_major(b: np.ndarray, col: np.ndarray) -> np.ndarray | None:
-    """The packed rows (sequences `b`, columns `col`) in sequence-major order, sequence by sequence and
-    columns ascending, as indices into the packed order; None when they already are."""
-    order = np.lexsort((col, b))
-    return None if (order == np.arange(len(order))).all() else order
 
 
 class KVCache:

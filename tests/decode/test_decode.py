@@ -17,9 +17,10 @@ from aogpt import capability
 from aogpt.decode import choice as decode_choice
 from aogpt.decode.kernels import KINDS, LinearKernel, available
 from aogpt.decode.kernels import row_invariant as kernel_row_invariant
+from aogpt.decode.layouts import padded_rows, ragged_rows
 from aogpt.decode.runner import decode_linears, row_invariant, supports, weight_bytes
 from aogpt.inference import for_inference
-from aogpt.kv_cache import additive, padded_rows, ragged_rows, step_mask
+from aogpt.kv_cache import additive, step_mask
 from tests.generation.test_generate import tiny_model
 
 

@@ -227,10 +227,8 @@ def _run(req: _Request, progress: Callable[[int], None] | None) -> tuple[list[_B
 
 
 def decode_path(settings: GenerationSettings) -> str:
-    """The decode path a generation runs on: the setting's, except that FlexAttention (fast only
-    compiled) and a compiled step take the reference path (oneDNN's pre-packed weights are opaque to
-    inductor: a compiled step runs the model's own linear layers)."""
-    return "reference" if settings.compile or settings.attention == "flex" else settings.decode_path
+    """The decode path a generation runs on (`GenerationSettings.path`)."""
+    return settings.path()
 
 
 def _run_batch(req: _Request, runner: torch.nn.Module, start: int, B: int,
