@@ -1,5 +1,5 @@
-"""`aogpt.kv_cache`: a ragged step's attention, bucketed by width, against attention computed row by
-row in float64 from the definition."""
+"""`aogpt.kv_cache`: a ragged step's attention, in every layout of `aogpt.decode.layouts`, against
+attention computed row by row in float64 from the definition."""
 
 from __future__ import annotations
 
@@ -7,12 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-from aogpt.decode.layouts import ragged_rows
+from aogpt.decode.layouts import Static, padded_steps, ragged_rows, run_steps
 from aogpt.kv_cache import KVCache
 
 
-@pytest.mark.parametrize("B", [6, 64])  # runs of consecutive sequences (views); a large batch: one call per width
-def test_ragged_attention_is_each_rows_own_attention_without_padding(B):
+@pytest.mark.parametrize("B,layout", [(6, "buckets"), (64, "buckets"), (6, "runs"), (40, "runs"),
+                                      (6, "padded"), (6, "static")])
+def test_ragged_attention_is_each_rows_own_attention(B, layout):
+    """Buckets of one width (runs of consecutive sequences, views; a large batch: one call per width,
+    gathered), runs padded to their widest, one padded call, and its static form (a sink sequence)."""
     gen = torch.Generator().manual_seed(0)
     rng = np.random.default_rng(0)
     H, D, cap = 2, 8, 20
@@ -20,26 +23,40 @@ def test_ragged_attention_is_each_rows_own_attention_without_padding(B):
     first = decided - rng.integers(0, 3, size=B)  # catch-ups: decided columns not cached yet
     sizes = np.where(rng.random(B) < 0.8, decided - first + rng.integers(1, 4, size=B), 0)
     sizes[0] = sizes[0] or 2  # at least one sequence takes part
-    b, col, where = ragged_rows(sizes, first, decided, torch.float64, torch.device("cpu"))
+    cpu, mask = torch.device("cpu"), None
+    if layout == "buckets":
+        b, col, where = ragged_rows(sizes, first, decided, torch.float64, cpu)
+        assert sum(bk.count * bk.width for bk in where.buckets) == len(b)  # no padding row
+        for bk in where.buckets:  # sequences of one width: a run of consecutive ones, or all of that width
+            seqs = np.arange(bk.seqs.start, bk.seqs.stop) if isinstance(bk.seqs, slice) else bk.seqs.numpy()
+            assert len(seqs) == bk.count and (sizes[seqs] == bk.width).all()
+        widths = len(np.unique(sizes[sizes > 0]))
+        assert len(where.buckets) >= widths
+        if B == 64:  # gathered per width instead of dozens of one-sequence runs
+            assert len(where.buckets) == widths and any(not isinstance(bk.seqs, slice) for bk in where.buckets)
+    elif layout == "runs":
+        b, col, where = run_steps(sizes[None], first[None], decided[None], torch.float64, cpu)[0]
+        taking_part = np.flatnonzero(sizes)
+        runs = np.split(taking_part, np.flatnonzero(np.diff(taking_part) > 1) + 1)
+        assert [(bk.seqs.start, bk.count, bk.width) for bk in where.buckets] == \
+            [(r[0], len(r), sizes[r].max()) for r in runs]  # runs of sequences taking part, at their widest
+    else:
+        static = Static(B, cap) if layout == "static" else None
+        b, col, where = padded_steps(sizes[None], first[None], decided[None], cpu, static)[0]
+        mask = where.mask(torch.float64)
     R = len(b)
-    assert R == sizes.sum() and sum(bk.count * bk.width for bk in where.buckets) == R  # no padding row
-    for bk in where.buckets:  # sequences of one width: a run of consecutive ones, or all of that width
-        seqs = np.arange(bk.seqs.start, bk.seqs.stop) if isinstance(bk.seqs, slice) else bk.seqs.numpy()
-        assert len(seqs) == bk.count and (sizes[seqs] == bk.width).all()
-    widths = len(np.unique(sizes[sizes > 0]))
-    assert len(where.buckets) >= widths
-    if B == 64:  # gathered per width instead of dozens of one-sequence runs
-        assert len(where.buckets) == widths and any(not isinstance(bk.seqs, slice) for bk in where.buckets)
-    cache = KVCache(1, B, H, cap, D, "cpu", torch.float64, kernel="sdpa")
+    assert R == sizes.sum() and list(b) == sorted(b) or layout == "buckets"  # sequence-major but by width
+    rows = len(where.batch)  # the static form's padding rows too, in the sink sequence
+    cache = KVCache(1, B + (layout == "static"), H, cap, D, "cpu", torch.float64, kernel="sdpa")
     cache.k.normal_(generator=gen)
     cache.v.normal_(generator=gen)
     old_k, old_v = cache.k[0].clone(), cache.v[0].clone()
-    qkv = torch.randn(R, 3, H, D, generator=gen, dtype=torch.float64)
-    out = cache.attend_rows(0, qkv, where, None, D ** -0.5).view(R, H, D)
+    qkv = torch.randn(rows, 3, H, D, generator=gen, dtype=torch.float64)
+    out = cache.attend_rows(0, qkv, where, mask, D ** -0.5).view(rows, H, D)
     keys, values = old_k.clone(), old_v.clone()
-    keys[b, :, col] = qkv[:, 1]
-    values[b, :, col] = qkv[:, 2]
-    assert torch.equal(cache.k[0], keys) and torch.equal(cache.v[0], values)
+    keys[b, :, col] = qkv[:R, 1]
+    values[b, :, col] = qkv[:R, 2]
+    assert torch.equal(cache.k[0, :B], keys[:B]) and torch.equal(cache.v[0, :B], values[:B])
     for r in range(R):  # row r sees its sequence's decided columns up to itself, and itself
         c = np.arange(cap)
         seen = torch.from_numpy(((c < decided[b[r]]) & (c <= col[r])) | (c == col[r]))

@@ -235,14 +235,22 @@ def linear_gelu(layer: nn.Module, x: torch.Tensor, approximate: str) -> torch.Te
     return F.gelu(layer(x), approximate=approximate)
 
 
+def dropping(dropout: nn.Module) -> bool:
+    """Whether `dropout` drops anything (training with p > 0): else it is skipped, not called."""
+    return dropout.training and dropout.p > 0
+
+
 def project(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor | None, dropout: nn.Module) -> torch.Tensor:
     """An output projection, dropout(layer(x)), added to the residual stream when one is given; a
     `FusedLinear` (inference, so no dropout) fuses the add into its product."""
+    if dropping(dropout):
+        out = dropout(layer(x))
+        return out if residual is None else residual + out
     if residual is None:
-        return dropout(layer(x))
-    if isinstance(layer, FusedLinear) and not (dropout.training and dropout.p > 0):
+        return layer(x)
+    if isinstance(layer, FusedLinear):
         return layer.add(x, residual)
-    return residual + dropout(layer(x))
+    return residual + layer(x)
 
 
 class MLP(nn.Module):

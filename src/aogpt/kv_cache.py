@@ -115,12 +115,16 @@ class Bucket:
 
 @dataclass
 class RaggedSlots:
-    """Where the rows of a packed forward go, bucketed by width (module docstring): row r belongs to
-    sequence `batch[r]` and writes its keys at cache column `column[r]`."""
+    """Where the rows of a packed forward go, bucketed (module docstring): row r belongs to sequence
+    `batch[r]` and writes its keys at cache column `column[r]`. Without `pad`, each bucket's rows are
+    the packed rows start .. start + count * width - 1; with it, row r sits at slot `pad[r]` of
+    `slots` slots laid out bucket after bucket (a bucket's sequences padded to its width)."""
 
     batch: torch.Tensor
     column: torch.Tensor
     buckets: list[Bucket]
+    pad: torch.Tensor | None = None
+    slots: int = 0
 
 
 def storage_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
@@ -191,15 +195,36 @@ class KVCache:
             span = attn_mask.shape[-1]
             y = attend_few(padded, kv[0, :, :, :span], kv[1, :, :, :span], attn_mask, self.kernel, scale)
             return y.transpose(1, 2).reshape(-1, H * D).index_select(0, cache_pos.pad).to(out_dtype)
-        out = []
-        for bucket in cache_pos.buckets:  # one call per run of consecutive sequences of one width
-            c, w = bucket.count, bucket.width
-            q = qkv[bucket.start:bucket.start + c * w, 0].view(c, w, H, D).transpose(1, 2)
+        return self._attend_buckets(layer, qkv.contiguous(), cache_pos, scale).to(out_dtype)
+
+    def _attend_buckets(self, layer: int, qkv: torch.Tensor, where: RaggedSlots, scale: float) -> torch.Tensor:
+        """One attention call per run of consecutive sequences of one width (`RaggedSlots`), each
+        run's queries, keys and values and its place in the output one strided view apiece (a few
+        operations per run: a step has several runs in every layer)."""
+        R, _, H, D = qkv.shape
+        B, C = self.batch, self.capacity
+        q = qkv[:, 0]
+        if where.pad is not None:  # runs padded to their widest sequence: the queries scattered to their slots
+            q = qkv.new_zeros(where.slots, H, D).index_copy_(0, where.pad, q)
+        rs = q.stride(0)
+        out = qkv.new_empty(q.shape[0], H, D)
+        for bucket in where.buckets:
+            c, w, start = bucket.count, bucket.width, bucket.start
             span = bucket.mask.shape[-1]
             mask = bucket.mask if bucket.mask.dtype == self.kv.dtype else bucket.mask.to(self.kv.dtype)
-            y = attend_few(q, kv[0, bucket.seqs, :, :span], kv[1, bucket.seqs, :, :span], mask, self.kernel, scale)
-            out.append(y.transpose(1, 2).reshape(c * w, H * D))
-        return (out[0] if len(out) == 1 else torch.cat(out)).to(out_dtype)
+            qb = q.as_strided((c, H, w, D), (w * rs, D, rs, 1), q.storage_offset() + start * rs)
+            if isinstance(bucket.seqs, slice):  # the run's keys and values: views of the cache
+                base = ((layer * 2) * B + bucket.seqs.start) * H * C * D
+                shape, stride = (c, H, span, D), (H * C * D, C * D, D, 1)
+                keys = self.kv.as_strided(shape, stride, base)
+                values = self.kv.as_strided(shape, stride, base + B * H * C * D)
+            else:  # a large batch's sequences of one width, gathered
+                keys, values = self.kv[layer, 0, bucket.seqs, :, :span], self.kv[layer, 1, bucket.seqs, :, :span]
+            y = attend_few(qb, keys, values, mask, self.kernel, scale)
+            out.as_strided((c, H, w, D), (w * H * D, D, H * D, 1), start * H * D).copy_(y)
+        if where.pad is not None:
+            out = out.index_select(0, where.pad)
+        return out.view(R, H * D)
 
 
 def cache_settings(attention: str, device: torch.device, dtype: torch.dtype, measured: str | None = None,

@@ -37,6 +37,7 @@ from aogpt.backbone import (  # noqa: F401 (RMSNorm, LayerNorm: their old import
     RMSNorm,
     _RMSNormFunction,
     apply_rotary,
+    dropping,
     fold_affine,
     head_rms_norm,
     make_norm,
@@ -124,12 +125,12 @@ class SelfAttention(nn.Module):
         H, D = self.n_head, self.head_dim
         if rope is None and self.n_kv_head == H:
             rows = qkv.view(R, 3, H, D)
-            if self.qk_norm:
+            if self.qk_norm:  # q and k normalised together, each scaled by its own weight
                 weight = torch.stack([self.q_norm.weight, self.k_norm.weight])[:, None]
-                normed = rms_norm(rows[:, :2], None, self.q_norm.eps) * weight
+                normed = rms_norm(rows[:, :2], None, self.q_norm.eps)
                 if torch.is_grad_enabled():
-                    return torch.cat([normed, rows[:, 2:]], dim=1)
-                rows[:, :2] = normed
+                    return torch.cat([normed * weight, rows[:, 2:]], dim=1)
+                torch.mul(normed, weight, out=rows[:, :2])
             return rows
         q, k, v = (t.view(R, -1, D) for t in qkv.reshape(R, -1).split(self.split, dim=-1))
         if self.qk_norm:
@@ -373,7 +374,9 @@ class Transformer(nn.Module):
             if cache_pos is None:
                 raise AOGPTError("a forward with a KV cache needs cache_pos (where its keys go)", "pass cache_pos")
             conditions = conditions if conditions is not None else cache.conditions
-        x = self.transformer.drop(self.embed(tokens, pos, target))
+        x = self.embed(tokens, pos, target)
+        if dropping(self.transformer.drop):
+            x = self.transformer.drop(x)
         cfg = self.config
         rope = rotary_tables(pos, cfg.head_dim, cfg.rope_theta) if cfg.positions == "rotary" else None
         kernel = self.kernels.attention

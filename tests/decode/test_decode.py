@@ -189,3 +189,11 @@ def test_a_gpu_model_keeps_its_own_layers():
     with torch.device("meta"):
         model = Transformer(model_config("gpt", n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=16))
     assert not supports(model) and for_inference(model) is model
+
+
+def test_the_preferred_candidate_is_the_first_within_the_margin():
+    assert decode_choice.preferred({"sdpa": 100.0, "matmul": 97.0}) == "sdpa"  # 3% is noise here
+    assert decode_choice.preferred({"sdpa": 100.0, "matmul": 90.0}) == "matmul"
+    c = decode_choice.choose(decode_choice.Shapes(32, 128, 64, 2, 16, 34), torch.float32, torch.device("cpu"))
+    assert c.layout in ("runs", "buckets", "padded") and set(c.layout_us) == {"runs", "buckets", "padded"}
+    assert c.layout == decode_choice.preferred(c.layout_us)

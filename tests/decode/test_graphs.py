@@ -102,4 +102,4 @@ def test_static_shapes_record_the_logits_of_the_real_rows():
     plain, static = generate(model, **kw), generate(model, graphs="eager", **kw)
     assert torch.equal(plain.tokens, static.tokens)
     torch.testing.assert_close(plain.logits, static.logits, atol=1e-10, rtol=0, equal_nan=True)
-    assert static.timing["padded_slots"] > 0 == plain.timing["padded_slots"]
+    assert static.timing["padded_slots"] > plain.timing["padded_slots"]  # the static shapes pad more

@@ -29,7 +29,7 @@ import torch
 
 from aogpt.kv_cache import Bucket, PackedSlots, RaggedSlots
 
-LAYOUTS = ("buckets", "padded")  # a ragged step's attention: one call per run of a width, or one padded call
+LAYOUTS = ("buckets", "runs", "padded")  # a ragged step's attention (module docstring)
 
 
 MAX_VIEW_RUNS = 8  # up to this many runs (at least: twice the widths), views of the cache beat gathered copies
@@ -109,6 +109,60 @@ def ragged_steps(sizes: np.ndarray, first: np.ndarray, decided: np.ndarray, dtyp
     for t in range(T):
         r0, r1 = int(row0[t]), int(row0[t] + rows_per_step[t])
         out.append((b_all[r0:r1], col_all[r0:r1], RaggedSlots(b_t[r0:r1], col_t[r0:r1], buckets[t])))
+    return out
+
+
+def run_steps(sizes: np.ndarray, first: np.ndarray, decided: np.ndarray, dtype: torch.dtype,
+              device: torch.device) -> list[tuple[np.ndarray, np.ndarray, RaggedSlots]]:
+    """The ``runs`` layout of ragged steps (T, B) (arguments as `padded_steps`): the rows
+    sequence-major, attention once per run of consecutive sequences that take part in the step,
+    each run padded to its widest sequence (a padding slot sees column 0 only). A sequence sitting
+    the step out costs nothing, and a step makes a few calls, not one per width."""
+    T, B = sizes.shape
+    flat = sizes.ravel()
+    step_of = np.repeat(np.repeat(np.arange(T), B), flat)
+    b = np.repeat(np.tile(np.arange(B), T), flat)
+    within = np.arange(len(b)) - np.repeat(np.cumsum(flat) - flat, flat)
+    col = first[step_of, b] + within
+    R = sizes.sum(axis=1)
+    row0 = np.cumsum(R) - R
+    on = sizes > 0
+    starts_run = on & ~np.c_[np.zeros((T, 1), dtype=bool), on[:, :-1]]  # a sequence opening a run
+    run_id = np.cumsum(starts_run.ravel()).reshape(T, B) - 1  # global run index (valid where on)
+    n_runs = int(starts_run.sum())
+    run_t = np.repeat(np.arange(T), starts_run.sum(axis=1))
+    width = np.zeros(n_runs, dtype=np.int64)
+    np.maximum.at(width, run_id[on], sizes[on])
+    count = np.bincount(run_id[on], minlength=n_runs)
+    lo = np.nonzero(starts_run)[1]
+    slots_run = count * width
+    slots_t = np.bincount(run_t, weights=slots_run, minlength=T).astype(np.int64)
+    run_start = np.cumsum(slots_run) - slots_run - (np.cumsum(slots_t) - slots_t)[run_t]  # slot offset in its step
+    # every slot: its sequence, column and decided columns (padding: 0 and 0, column 0 only)
+    slot_t = np.repeat(run_t, slots_run)
+    slot_in_run = np.arange(slot_t.size) - np.repeat(np.cumsum(slots_run) - slots_run, slots_run)
+    slot_seq = np.repeat(lo, slots_run) + slot_in_run // np.repeat(width, slots_run)
+    slot_s = slot_in_run % np.repeat(width, slots_run)
+    real = slot_s < sizes[slot_t, slot_seq]
+    slot_col = np.where(real, first[slot_t, slot_seq] + slot_s, 0)
+    slot_dec = np.where(real, decided[slot_t, slot_seq], 0)
+    slot0 = np.cumsum(slots_t) - slots_t
+    masks = _chunked_masks(slot_col, slot_dec, slot_t, slot0, slots_t, dtype, device)
+    rid = run_id[step_of, b]
+    pad = run_start[rid] + (b - lo[rid]) * width[rid] + within
+    span = np.zeros(n_runs, dtype=np.int64)
+    np.maximum.at(span, rid, col + 1)
+    buckets: list[list[Bucket]] = [[] for _ in range(T)]
+    for i in range(n_runs):
+        t, c, w, at, sp = int(run_t[i]), int(count[i]), int(width[i]), int(run_start[i]), int(span[i])
+        mask = masks[t][at:at + c * w, :, :sp].unflatten(0, (c, w)).transpose(1, 2)
+        buckets[t].append(Bucket(at, c, w, slice(int(lo[i]), int(lo[i]) + c), mask))
+    b_t, col_t, pad_t = (torch.from_numpy(a.astype(np.int64)).to(device) for a in (b, col, pad))
+    out = []
+    for t in range(T):
+        r0, r1 = int(row0[t]), int(row0[t] + R[t])
+        out.append((b[r0:r1], col[r0:r1], RaggedSlots(b_t[r0:r1], col_t[r0:r1], buckets[t], pad_t[r0:r1],
+                                                      int(slots_t[t]))))
     return out
 
 
@@ -224,7 +278,8 @@ def step_rows(layout: str, sizes: np.ndarray, first: np.ndarray, decided: np.nda
     which carry their own)."""
     if layout == "padded":
         return padded_rows(sizes, first, decided, dtype, device)
-    b, col, where = ragged_rows(sizes, first, decided, dtype, device)
+    steps = run_steps if layout == "runs" else ragged_steps
+    b, col, where = steps(sizes[None], first[None], decided[None], dtype, device)[0]
     return b, col, where, None
 
 

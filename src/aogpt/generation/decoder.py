@@ -47,7 +47,7 @@ import torch
 
 from aogpt.decode.graphs import CapturedSteps
 from aogpt.decode.graphs import mode as graph_mode
-from aogpt.decode.layouts import Static, padded_steps, ragged_layout, ragged_steps
+from aogpt.decode.layouts import Static, padded_steps, ragged_layout, ragged_steps, run_steps
 from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
 from aogpt.generation.streams import SequenceStreams
@@ -134,10 +134,10 @@ class _Planner:
         (``buckets``) or padded to the widest sequence (``padded``, with `static` shapes a bucket's)."""
         n, T = self.n, k.shape[0]
         sizes = np.where(k > 0, g - L + k, 0)
-        if self.layout == "buckets":
-            layouts = ragged_steps(sizes, L, g, self.dtype, self.dev)
-        else:
+        if self.layout == "padded":
             layouts = padded_steps(sizes, L, g, self.dev, self.static_shapes)
+        else:
+            layouts = (run_steps if self.layout == "runs" else ragged_steps)(sizes, L, g, self.dtype, self.dev)
         b = np.concatenate([x[0] for x in layouts])
         col = np.concatenate([x[1] for x in layouts])
         R = sizes.sum(axis=1)
@@ -166,7 +166,7 @@ class _Planner:
                         np.r_[rows[2], np.full(extra, self.none)], np.r_[rows[3], np.zeros(more, np.int64)]]
             gather_t, pos_t, tgt_t, select_t = (self._t(a)[None] for a in rows)
             where = layouts[t][2]
-            padded = 0 if self.layout == "buckets" else int(where.cols.numel() - R[t])  # slots of attention
+            padded = int(where.cols.numel() if self.layout == "padded" else where.slots or R[t]) - int(R[t])
             out.append(Step(gather_t, pos_t, tgt_t, where, None, select_t, dest[q0:q1], chain_at[q0:q1],
                             int(Q[t]), int(R[t]), padded, draws=qb[q0:q1]))
         return out
