@@ -1,0 +1,426 @@
+"""`aogpt bench adapt`: does a trained left-to-right GPT, adapted and fine-tuned F steps, learn any order sooner
+than AO-GPT trained from scratch, and does it keep its left-to-right quality?
+
+Per seed, on Shakespeare (bpe:512) at the quickstart model size (or a narrower one, `width`), with step
+budgets (so the load of a shared machine changes the wall time, not the comparison; the CPU time of every
+path is recorded):
+
+1. **source**: our GPT trained S steps with the quickstart recipe (its rate decayed at the end);
+2. **candidates**: the source adapted to AO-GPT (`aogpt.adaptation.adapt`: equal to it left to right
+   at step 0) and fine-tuned F steps with a fine-tuning recipe (`CANDIDATES`; the `adapt` preset,
+   `aogpt.config.ADAPT_RECIPE`, is `MEASURED`; ``plain`` is the fine-tuning before any recipe);
+3. **scratch**: AO-GPT from scratch for F steps (what a user with a pretrained model pays for), the
+   any-order start fitted to its steps (`aogpt.config.any_order_start`), and **scratch-sf** for S + F steps
+   (the same total compute), the start fitted to the shortest S + F of the study: those runs share every
+   step before their decays, so they are trained as one trunk with each budget's decay branched off it
+   (`Study.scratch_family`: bit for bit the runs budgeted for S + F);
+4. **l2r**: the source trained F more steps left to right (at the recipe's backbone rate), so "it was
+   just more training" is ruled out.
+
+Every path is a run budgeted for its own steps (a 500-step path is not read off a longer run: the decay
+and the stages are fitted to the budget). It is scored at its end (and every `curve_every` steps)
+on the held-out plays in bits per byte, EMA weights, left to right and in one random order. A finished
+path is kept as JSON in the work folder (``seed<K>/<path>-....json``) and reused, so separate processes can
+share the study (``only``); a path under way saves a checkpoint every `save_every` steps, and an
+interrupted study resumes it from there (exactly: the data, order and dropout streams are restored). A
+path's folder is locked while it trains. The report (`aogpt.bench.training.adapt_report`) reads the JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aogpt.bench.common import cpu_seconds, write_outputs
+from aogpt.bench.environment import environment, finish_environment
+from aogpt.bench.training.recipe import data_for, eval_windows
+from aogpt.config import ADAPT_RECIPE, any_order_start, model_config, train_config
+from aogpt.errors import AOGPTError
+
+TOKENIZER = "bpe:512"
+PRESET = "quickstart"
+WIDTH = 192  # the quickstart's width (3 heads of 64)
+ORDER = "mixture"  # AO-GPT's own mixture (10% left to right): scratch's order and the candidates' final one
+EVAL_BATCH = 16
+PATHS = ("source", "l2r", "scratch", "scratch-sf", "candidates")
+RATES = ("lr", "min_lr", "warmup_steps", "target_lr_mult", "lr_schedule", "decay_share", "ema_decay")
+SILENT = dict(max_minutes=0.0, eval_interval=10**9, ckpt_interval=10**9, log_interval=10**6, compile="off",
+              keep_last=0)  # the bench keeps and removes checkpoints itself (`_save`)
+
+
+def _plain(steps: int) -> dict[str, Any]:
+    """The fine-tuning before any recipe: the quickstart rates for every weight (target pathway x10), no
+    replay, no distillation, the any-order start fitted to the run."""
+    quick = train_config(PRESET, "aogpt")
+    return {**{k: getattr(quick, k) for k in RATES}, "order": ORDER, "backbone_lr_mult": 1.0, "replay_l2r": 0.0,
+            "distill_l2r": 0.0, **any_order_start(ORDER, steps)}
+
+
+FAST = {"curriculum": "l2r@10,mallows:4..0.05@60"}  # a short ramp: near uniform orders after 60 steps
+SCALED = {"curriculum": "l2r@1%,mallows:4..0.05@30%"}  # the stages as shares of F (aogpt.orders.Curriculum)
+
+
+def _ramp(steps: int) -> dict[str, Any]:
+    return {"curriculum": f"l2r@10,mallows:4..0.05@{max(11, steps)}"}
+
+
+# The recipe the candidates change (the `adapt` preset as it was when the first screening began; kept here so
+# a later preset does not change what a kept result means). `MEASURED` is the candidate the preset now is (the
+# test tests/bench/training/test_adapt.py holds them equal, the step budget aside).
+BASE: dict[str, Any] = dict(
+    batch_size=16, max_steps=100_000, max_minutes=10.0, lr=3e-3, min_lr=3e-4, warmup_steps=10,
+    backbone_lr_mult=0.1, target_lr_mult=1.0, replay_l2r=0.25, distill_l2r=1.0, order="mixture",
+    curriculum="l2r@10,mallows:4..0.05@200", lr_schedule="wsd", decay_share=0.2, eval_interval=250,
+    eval_batches=8, log_interval=10, ckpt_interval=1000, ema_decay=0.99)
+
+# The second screening's base: target pathway at 10x, the stages scaled to F, and replay and distillation
+# letting go as the orders leave left to right, down to a fifth (aogpt.train.recipe.Hold).
+LETGO: dict[str, Any] = {"target_lr_mult": 10.0, **SCALED, "hold_floor": 0.2}
+
+# The third: the backbone at the full rate, replay and distillation let go entirely once the orders are the
+# run's own, and climbing back to full weight over the learning rate's decay.
+RETURN: dict[str, Any] = {**LETGO, "backbone_lr_mult": 1.0, "hold_floor": 0.0, "hold_anneal": 1.0}
+
+MEASURED = "recipe-fast"  # the candidate the `adapt` preset is (aogpt.config.ADAPT_RECIPE); no later one met both goals
+
+# Fine-tuning recipes: changes to `BASE` (a function of the run's steps F).
+CANDIDATES: dict[str, Callable[[int], dict[str, Any]]] = {
+    "plain": _plain,
+    "recipe": lambda f: {},
+    "roles": lambda f: {"replay_l2r": 0.0, "distill_l2r": 0.0},
+    "roles+replay": lambda f: {"distill_l2r": 0.0},
+    "recipe-replay0.5": lambda f: {"replay_l2r": 0.5},
+    "recipe-distill0": lambda f: {"distill_l2r": 0.0, "replay_l2r": 0.5},
+    "recipe-kl3": lambda f: {"distill_l2r": 3.0},
+    "recipe-backbone0.3": lambda f: {"backbone_lr_mult": 0.3},
+    "recipe-backbone1": lambda f: {"backbone_lr_mult": 1.0},
+    "recipe-target3": lambda f: {"target_lr_mult": 3.0},
+    "recipe-backbone0.03": lambda f: {"backbone_lr_mult": 0.03},
+    "recipe-slow-ramp": _ramp,
+    "recipe-no-ramp": lambda f: {"curriculum": "l2r@10"},
+    "pathway-only": lambda f: {"freeze_backbone_steps": f},
+    "recipe-target10": lambda f: {"target_lr_mult": 10.0},
+    "recipe-fast": lambda f: {"target_lr_mult": 10.0, **FAST},
+    "recipe-fast-backbone0.3": lambda f: {"target_lr_mult": 10.0, "backbone_lr_mult": 0.3, **FAST},
+    "recipe-fast-backbone1": lambda f: {"target_lr_mult": 10.0, "backbone_lr_mult": 1.0, **FAST},
+    # the second screening (stages scaled to F; the hold)
+    "scaled": lambda f: {"target_lr_mult": 10.0, **SCALED},
+    "scaled-roles": lambda f: {"target_lr_mult": 10.0, **SCALED, "replay_l2r": 0.0, "distill_l2r": 0.0},
+    "letgo": lambda f: dict(LETGO),
+    "letgo-floor0.5": lambda f: {**LETGO, "hold_floor": 0.5},
+    "letgo-floor0.05": lambda f: {**LETGO, "hold_floor": 0.05},
+    "letgo-backbone0.3": lambda f: {**LETGO, "backbone_lr_mult": 0.3},
+    "letgo-backbone1": lambda f: {**LETGO, "backbone_lr_mult": 1.0},
+    "letgo-target3": lambda f: {**LETGO, "target_lr_mult": 3.0},
+    "letgo-target30": lambda f: {**LETGO, "target_lr_mult": 30.0},
+    "letgo-ramp50": lambda f: {**LETGO, "curriculum": "l2r@1%,mallows:4..0.05@50%"},
+    "letgo-ramp15": lambda f: {**LETGO, "curriculum": "l2r@1%,mallows:4..0.05@15%"},
+    "scaled-backbone1": lambda f: {"target_lr_mult": 10.0, **SCALED, "backbone_lr_mult": 1.0},
+    "letgo-floor0.5-backbone1": lambda f: {**LETGO, "hold_floor": 0.5, "backbone_lr_mult": 1.0},
+    "letgo-kl3-backbone1": lambda f: {**LETGO, "distill_l2r": 3.0, "backbone_lr_mult": 1.0},
+    # the hold climbs back to full weight over the learning rate's decay
+    "return-backbone1": lambda f: {**LETGO, "backbone_lr_mult": 1.0, "hold_anneal": 1.0},
+    "return-floor0-backbone1": lambda f: {**LETGO, "backbone_lr_mult": 1.0, "hold_floor": 0.0, "hold_anneal": 1.0},
+    "return-strong": lambda f: {**RETURN, "replay_l2r": 0.5, "distill_l2r": 3.0},
+    "return-long": lambda f: {**RETURN, "decay_share": 0.4},
+    "return-strong-long": lambda f: {**RETURN, "replay_l2r": 0.5, "distill_l2r": 3.0, "decay_share": 0.4},
+    "return-backbone0.3": lambda f: {**RETURN, "backbone_lr_mult": 0.3},
+    "return-strong-xlong": lambda f: {**RETURN, "replay_l2r": 0.5, "distill_l2r": 3.0, "decay_share": 0.6},
+    "return-kl10-long": lambda f: {**RETURN, "replay_l2r": 0.5, "distill_l2r": 10.0, "decay_share": 0.4},
+}
+
+
+def _score(model: torch.nn.Module, windows: torch.Tensor, lengths: Any, seed: int, any_order: bool) -> dict[str, float]:
+    from aogpt.evaluation.evaluate import evaluate
+
+    out = {"l2r": evaluate(model, windows, order="l2r", batch_size=EVAL_BATCH, byte_lengths=lengths).bpb}
+    if any_order:
+        out["any"] = evaluate(model, windows, order="random", num_orders=1, batch_size=EVAL_BATCH, seed=seed,
+                              byte_lengths=lengths).bpb
+    return out
+
+
+def _train(model_cfg: Any, train_cfg: Any, data: Any, windows: torch.Tensor, seed: int, curve_every: int, label: str,
+           progress: Callable[[str], None] | None, run_dir: Path, save_every: int,
+           start: dict[str, float] | None = None, *, stop_at: int | None = None, keep: tuple[int, ...] = (),
+           branch: tuple[Path, dict[str, Any]] | None = None) -> tuple[Any, dict]:
+    """Train until step `stop_at` (default `train_cfg.max_steps`) in `run_dir`; (trainer, record: steps, CPU
+    seconds, curve, final scores).
+
+    Resumed from `run_dir`'s checkpoint when an earlier process left one (with the curve and CPU time it had
+    then), else from `branch` (a checkpoint of another run and its record there) when given. Checkpoints
+    every `save_every` steps (the newest kept) and at the steps in `keep` (all kept, each with its record in
+    ``point-<step>.json``: where branches start)."""
+    from aogpt.checkpoint import list_checkpoints
+    from aogpt.train import Trainer
+
+    trainer = Trainer(model_cfg, train_cfg, data, run_dir, show_progress=False)
+    lengths = data.token_byte_lengths()
+    steps, cpu = train_cfg.max_steps, 0.0
+    stop = steps if stop_at is None else stop_at
+    curve = [{"step": 0, "cpu": 0.0, **start}] if start else []
+    partial = run_dir / "partial.json"
+    own = list_checkpoints(run_dir)
+    if own and partial.is_file():
+        trainer.resume(own[-1])
+        state = json.loads(partial.read_text())
+        cpu, curve = state["cpu"], [p for p in state["curve"] if p["step"] <= trainer.step]
+    elif branch is not None:
+        trainer.resume(branch[0])
+        cpu, curve = branch[1]["cpu"], list(branch[1]["curve"])
+    if trainer.step and progress is not None:
+        progress(f"{label} (seed {seed}): from step {trainer.step}/{steps}")
+    for step in range(trainer.step, stop):
+        begin = cpu_seconds()
+        loss = trainer.train_step().loss
+        cpu += cpu_seconds() - begin
+        done = step + 1
+        if (curve_every and done % curve_every == 0) or done == steps:
+            point = _score(trainer.ema.model, windows, lengths, seed, trainer.family.any_order)
+            curve.append({"step": done, "cpu": cpu, "loss": loss, **point})
+            if progress is not None:
+                progress(f"{label} (seed {seed}): step {done}/{steps}, loss {loss:.3f}, "
+                         + ", ".join(f"{k} {v:.3f}" for k, v in point.items()) + " bits/byte")
+        if done in keep or (save_every and done % save_every == 0 and done < steps):
+            _save(trainer, run_dir, {"cpu": cpu, "curve": curve}, keep)
+    return trainer, {"steps": steps, "cpu_seconds": cpu, "curve": curve, **curve[-1],
+                     "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+
+
+def _save(trainer: Any, run_dir: Path, state: dict[str, Any], keep: tuple[int, ...]) -> None:
+    """A checkpoint of the run and its record so far (``partial.json``; ``point-<step>.json`` too at a step in
+    `keep`); older checkpoints are removed unless their step is in `keep`."""
+    from aogpt.checkpoint import list_checkpoints
+    from aogpt.io import write_json
+
+    path = trainer.save()
+    write_json(run_dir / "partial.json", state)
+    if trainer.step in keep:
+        write_json(run_dir / f"point-{trainer.step}.json", state)
+    for old in list_checkpoints(run_dir):
+        if old != path and int(old.name.rpartition("-")[2]) not in keep:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _cached(path: Path, make: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    """The record kept at `path`, or `make(run_dir)`'s, kept there; the run's folder (``path`` without its
+    suffix) is locked while it trains and removed once the record is kept."""
+    from aogpt.io import directory_lock
+
+    if path.is_file():
+        return json.loads(path.read_text())
+    run_dir = path.with_suffix("")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with directory_lock(run_dir, "aogpt bench adapt", inside=True, flag="--work"):
+        if path.is_file():  # another process finished it while this one waited
+            return json.loads(path.read_text())
+        record = make(run_dir)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        tmp.replace(path)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return record
+
+
+class Study:
+    """One seed's paths, kept in `work`/seed<K> (module docstring)."""
+
+    def __init__(self, data_root: Path, work: Path, seed: int, steps: int, *, eval_bytes: int | None,
+                 curve_every: int, width: int = WIDTH, save_every: int = 250,
+                 progress: Callable[[str], None] | None = None, tokenizer: str = TOKENIZER):
+        self.data = data_for(tokenizer, data_root)
+        self.dir = Path(work) / f"seed{seed}"
+        self.seed, self.steps, self.curve_every, self.progress = seed, steps, curve_every, progress
+        self.save_every = save_every
+        self.size = {} if width == WIDTH else {"n_embd": width, "n_head": max(1, width // 64)}
+        self.gpt_cfg = model_config("gpt", preset=PRESET, vocab_size=self.data.padded_vocab_size, **self.size)
+        self.windows = eval_windows(self.data, self.gpt_cfg.block_size, eval_bytes)
+
+    def _fields(self, steps: int, **more: Any) -> dict[str, Any]:
+        return {"max_steps": steps, "seed": self.seed, **SILENT, **more}
+
+    def source(self) -> dict[str, Any]:
+        """The GPT (S steps), saved with its EMA weights as the model: what is adapted and trained on."""
+        def make(run_dir: Path) -> dict[str, Any]:
+            from aogpt.checkpoint import save
+
+            cfg = train_config(PRESET, "gpt", **self._fields(self.steps))
+            trainer, record = _train(self.gpt_cfg, cfg, self.data, self.windows, self.seed, self.curve_every,
+                                     "source", self.progress, run_dir, self.save_every)
+            save(trainer.ema.model, self.dir / "source", tokenizer=self.data.tokenizer, step=self.steps)
+            return record
+        return _cached(self.dir / f"source-S{self.steps}.json", make)
+
+    def adapted(self) -> tuple[Any, dict[str, float]]:
+        """The adapted checkpoint (made once) and its scores at step 0."""
+        from aogpt.adaptation import adapt
+        from aogpt.checkpoint import load
+
+        self.source()
+        path = self.dir / "adapted"
+        if not (path / "config.json").is_file():
+            adapt(self.dir / "source", "aogpt", path, seed=self.seed, overwrite=True)
+        loaded = load(path, weights="raw")
+        score = self.dir / f"adapted-S{self.steps}.json"
+        if not score.is_file():
+            score.write_text(json.dumps(_score(loaded.model, self.windows, self.data.token_byte_lengths(), self.seed,
+                                               True)))
+        return loaded, json.loads(score.read_text())
+
+    def candidate(self, name: str, f: int) -> dict[str, Any]:
+        if name not in CANDIDATES:
+            raise AOGPTError(f"unknown candidate {name!r}", f"choose from: {', '.join(CANDIDATES)}")
+
+        def make(run_dir: Path) -> dict[str, Any]:
+            loaded, start = self.adapted()
+            fields = {**BASE, **CANDIDATES[name](f), "init_from": str(self.dir / "adapted"), **self._fields(f)}
+            cfg = train_config("adapt", "aogpt", **fields)
+            _, record = _train(loaded.config, cfg, self.data, self.windows, self.seed, self.curve_every, name,
+                               self.progress, run_dir, self.save_every, start)
+            return {**record, "fields": {k: v for k, v in cfg.__dict__.items() if k in ADAPT_RECIPE or k in fields}}
+        return _cached(self.dir / f"{name}-S{self.steps}-F{f}.json", make)
+
+    def _scratch_configs(self, n: int, fitted: int) -> tuple[Any, Any]:
+        """AO-GPT from scratch for `n` steps, its any-order start fitted to `fitted` steps."""
+        cfg = train_config(PRESET, "aogpt", **self._fields(n, order=ORDER, **any_order_start(ORDER, fitted)))
+        return model_config("aogpt", preset=PRESET, vocab_size=self.data.padded_vocab_size, **self.size), cfg
+
+    def scratch(self, n: int) -> dict[str, Any]:
+        """AO-GPT from scratch for `n` steps (the any-order start fitted to them)."""
+        def make(run_dir: Path) -> dict[str, Any]:
+            mc, cfg = self._scratch_configs(n, n)
+            return _train(mc, cfg, self.data, self.windows, self.seed, self.curve_every, f"scratch {n}",
+                          self.progress, run_dir, self.save_every)[1]
+        return _cached(self.dir / f"scratch-N{n}.json", make)
+
+    def scratch_family(self, n: int, budgets: tuple[int, ...]) -> dict[str, Any]:
+        """AO-GPT from scratch for `n` steps, one of a family of `budgets` that share their any-order start
+        (fitted to the shortest) and so, under the warm-up-stable-decay schedule, every step before their
+        decays: one trunk run (budgeted for the longest) is trained to each budget's decay, and from there the
+        budget's own run (budgeted for `n`: its decay) branches off. What it gives is, bit for bit, the run
+        budgeted for `n` with that start (tests/bench/training/test_adapt.py); it costs the trunk plus the decays."""
+        from aogpt.checkpoint import checkpoint_name
+        from aogpt.train import LRSchedule
+
+        fitted, longest = min(budgets), max(budgets)
+        if n == fitted:
+            key = self.dir / f"scratch-N{n}.json"  # the family's shortest is the plain fitted run
+        else:
+            key = self.dir / f"scratch-N{n}-C{fitted}.json"
+
+        def make(run_dir: Path) -> dict[str, Any]:
+            from aogpt.io import directory_lock
+
+            mc, cfg = self._scratch_configs(n, fitted)
+            points = tuple(sorted(LRSchedule(self._scratch_configs(b, fitted)[1])._planned_decay()[0]
+                                  for b in budgets))
+            fork = LRSchedule(cfg)._planned_decay()[0]
+            trunk_dir = self.dir / f"scratch-trunk-C{fitted}-N{longest}"
+            trunk_dir.mkdir(parents=True, exist_ok=True)
+            with directory_lock(trunk_dir, "aogpt bench adapt", inside=True, flag="--work"):
+                if not (trunk_dir / f"point-{fork}.json").is_file():
+                    _, trunk_cfg = self._scratch_configs(longest, fitted)
+                    _train(mc, trunk_cfg, self.data, self.windows, self.seed, self.curve_every,
+                           f"scratch trunk ({', '.join(map(str, budgets))})", self.progress, trunk_dir,
+                           self.save_every, stop_at=fork, keep=points)
+
+            branch = (trunk_dir / checkpoint_name(fork), json.loads((trunk_dir / f"point-{fork}.json").read_text()))
+            record = _train(mc, cfg, self.data, self.windows, self.seed, self.curve_every, f"scratch {n}",
+                            self.progress, run_dir, self.save_every, branch=branch)[1]
+            return {**record, "branched_at": fork, "fitted_to": fitted}
+        return _cached(key, make)
+
+    def l2r(self, f: int) -> dict[str, Any]:
+        """The source trained F more steps left to right, at the recipe's backbone rate (no re-warm-up)."""
+        def make(run_dir: Path) -> dict[str, Any]:
+            source = self.source()
+            rate = ADAPT_RECIPE["backbone_lr_mult"]
+            cfg = train_config(PRESET, "gpt", **self._fields(f, init_from=str(self.dir / "source"),
+                                                             lr=ADAPT_RECIPE["lr"] * rate,
+                                                             min_lr=ADAPT_RECIPE["min_lr"] * rate,
+                                                             warmup_steps=ADAPT_RECIPE["warmup_steps"]))
+            return _train(self.gpt_cfg, cfg, self.data, self.windows, self.seed, self.curve_every, "l2r",
+                          self.progress, run_dir, self.save_every, {"l2r": source["l2r"]})[1]
+        return _cached(self.dir / f"l2r-S{self.steps}-F{f}.json", make)
+
+    def unigram(self) -> float:
+        """Bits per byte of the scored text under the training split's unigram law: the plateau."""
+        from aogpt.bench.training.diagnostics import unigram_bpb
+
+        return unigram_bpb(self.data, self.windows)
+
+
+def run(data_root: Path, work: Path, *, steps: int = 1000, finetune: tuple[int, ...] = (1000,),
+        candidates: tuple[str, ...] = (MEASURED,), seeds: int = 1, seed: int = 0, only: tuple[str, ...] = PATHS,
+        eval_bytes: int | None = 30_000, curve_every: int = 250, width: int = WIDTH, save_every: int = 250,
+        out: Path | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Every seed's paths (those in `only` trained, the others read where kept); the report is rewritten
+    after each seed, so an interrupted study keeps it."""
+    from aogpt.bench.training.adapt_report import plot, summary, to_markdown
+
+    unknown = sorted(set(candidates) - set(CANDIDATES)) + sorted(set(only) - set(PATHS))
+    if unknown:
+        raise AOGPTError(f"unknown candidate or path {unknown[0]!r}",
+                         f"candidates: {', '.join(CANDIDATES)}; paths: {', '.join(PATHS)}")
+    result: dict[str, Any] = {"benchmark": "adapt", "steps": steps, "finetune": list(finetune), "seeds": seeds,
+                              "candidates": list(candidates), "eval_bytes": eval_bytes, "tokenizer": TOKENIZER,
+                              "threads": torch.get_num_threads(), "preset": PRESET, "width": width,
+                              "measured": MEASURED, "rows": []}
+    env = environment("cpu", "auto")  # the training default
+    started = time.perf_counter()
+    for s in range(seed, seed + seeds):
+        study = Study(data_root, work, s, steps, eval_bytes=eval_bytes, curve_every=curve_every, width=width,
+                      save_every=save_every, progress=progress)
+        result["unigram"] = study.unigram()
+        row: dict[str, Any] = {"seed": s}
+        keys = ["source", *(f"{p}/F{f}" for f in finetune for p in ("scratch", "scratch-sf", "l2r", *candidates))]
+        for key in keys:
+            path, _, f = key.partition("/")
+            wanted = path if path in PATHS else "candidates"
+            if wanted in only or (study.dir / _file(key, steps, finetune)).is_file():
+                row[key] = _job(study, path, int(f[1:]) if f else 0, finetune)
+        start = study.dir / f"adapted-S{steps}.json"
+        if start.is_file():
+            row["adapted_start"] = json.loads(start.read_text())
+        result["rows"].append(row)
+        result["environment"] = finish_environment(env)
+        result["wall_seconds"] = time.perf_counter() - started
+        result["summary"] = summary(result)
+        if out is not None:
+            result["files"] = write_outputs(out, "adapt", to_markdown(result), result, plot=plot)
+    return result
+
+
+def _job(study: Study, path: str, f: int, finetune: tuple[int, ...]) -> dict[str, Any]:
+    if path == "source":
+        return study.source()
+    if path == "scratch":
+        return study.scratch(f)
+    if path == "scratch-sf":
+        return study.scratch_family(study.steps + f, tuple(study.steps + g for g in finetune))
+    if path == "l2r":
+        return study.l2r(f)
+    return study.candidate(path, f)
+
+
+def _file(key: str, steps: int, finetune: tuple[int, ...]) -> str:
+    path, _, f = key.partition("/")
+    n = int(f[1:]) if f else 0
+    if path == "source":
+        return f"source-S{steps}.json"
+    if path == "scratch":
+        return f"scratch-N{n}.json"
+    if path == "scratch-sf":
+        fitted = steps + min(finetune)
+        return f"scratch-N{steps + n}.json" if steps + n == fitted else f"scratch-N{steps + n}-C{fitted}.json"
+    return f"{path}-S{steps}-F{n}.json"
+
+
+__all__ = ["BASE", "CANDIDATES", "LETGO", "MEASURED", "PATHS", "Study", "run"]
