@@ -63,9 +63,10 @@ class Step:
     packed); pos, target: the slots' positions and targets; cache_pos and mask: where keys go and
     who attends to whom; select: the query rows sent through the head; dest: flat indices (into
     the chain contents) of the tokens they reveal; chain_at: the same as flat (b * n + chain index)
-    positions, for teacher forcing and recorded logits; rows, padded: real and padding slots.
-    Without a cache (the recompute baseline) ragged steps use a padded (B, S) layout instead of
-    packing, and `pick` says which selected rows are real.
+    positions, for teacher forcing and recorded logits; rows, padded: real and padding slots through
+    the model (attention's own padding slots, in the runs and padded layouts, are not slots: they
+    never reach a linear layer). Without a cache (the recompute baseline) ragged steps use a padded
+    (B, S) layout instead of packing, and `pick` says which selected rows are real.
     """
 
     gather: torch.Tensor
@@ -131,7 +132,8 @@ class _Planner:
     def _packed(self, k: np.ndarray, L: np.ndarray, g: np.ndarray) -> list[Step]:
         """Ragged steps (T', B), planned together: the real rows of all sequences in one row
         dimension (the linear layers do exactly the real work), laid out for attention by width
-        (``buckets``) or padded to the widest sequence (``padded``, with `static` shapes a bucket's)."""
+        (``buckets``), by run of the sequences taking part (``runs``) or padded to the widest sequence
+        (``padded``; with `static` shapes, a bucket's: `aogpt.decode.layouts`)."""
         n, T = self.n, k.shape[0]
         sizes = np.where(k > 0, g - L + k, 0)
         if self.layout == "padded":
@@ -166,7 +168,7 @@ class _Planner:
                         np.r_[rows[2], np.full(extra, self.none)], np.r_[rows[3], np.zeros(more, np.int64)]]
             gather_t, pos_t, tgt_t, select_t = (self._t(a)[None] for a in rows)
             where = layouts[t][2]
-            padded = int(where.cols.numel() if self.layout == "padded" else where.slots or R[t]) - int(R[t])
+            padded = len(rows[0]) - int(R[t])  # padding rows through the model: static shapes' only
             out.append(Step(gather_t, pos_t, tgt_t, where, None, select_t, dest[q0:q1], chain_at[q0:q1],
                             int(Q[t]), int(R[t]), padded, draws=qb[q0:q1]))
         return out
