@@ -36,16 +36,6 @@ def packing_available(model: nn.Module) -> bool:
     return p.device.type == "cpu" and capability.can_pack(p.dtype)
 
 
-def _unchanged(model: nn.Module, weights: list[tuple[Any, int]]) -> bool:
-    """Whether a kept copy still matches the model: every parameter still the same storage (the kept
-    aliases hold the old storages alive, so a new tensor cannot reuse an address) at the same version
-    (bumped by any in-place change: an optimizer step, load_state_dict)."""
-    params = list(model.parameters())
-    return len(params) == len(weights) and all(
-        p.data_ptr() == t.data_ptr() and p.dtype == t.dtype and p._version == v
-        for p, (t, v) in zip(params, weights, strict=True))
-
-
 def for_inference(model: nn.Module, path: str = "fast") -> Any:
     """The model's decode runner (module docstring): ``fast`` where `aogpt.decode.runner.supports` the
     model (else the model itself), ``reference`` the model itself. Kept (weakly, per model) and
@@ -55,8 +45,8 @@ def for_inference(model: nn.Module, path: str = "fast") -> Any:
     if path != "fast" or not runner.supports(model):
         return model
     kept = _KEPT.get(model)
-    if kept is not None and _unchanged(model, kept[0]):
+    if kept is not None and runner.unchanged(model, kept[0]):
         return kept[1]
     built = runner.build(model)
-    _KEPT[model] = ([(p.detach(), p._version) for p in model.parameters()], built)
+    _KEPT[model] = (runner.snapshot(model), built)
     return built

@@ -103,3 +103,26 @@ def test_static_shapes_record_the_logits_of_the_real_rows():
     assert torch.equal(plain.tokens, static.tokens)
     torch.testing.assert_close(plain.logits, static.logits, atol=1e-10, rtol=0, equal_nan=True)
     assert static.timing["padded_slots"] > plain.timing["padded_slots"]  # the static shapes pad more
+
+
+def test_the_static_state_is_kept_per_geometry_and_rebuilt_when_a_weight_changes():
+    """A second call of the same shape reuses the cache, the contents and the graphs (captured once);
+    a changed weight gives a new state (the cache's adaLN tables come from the weights); a state in
+    use is never handed to a second sampler."""
+    from aogpt.decode.graphs import static_state
+
+    model = tiny_model("aogpt", vocab=11, block=10)
+    first = static_state(model, 4, 10, "auto", False)
+    assert static_state(model, 4, 10, "auto", False) is first and static_state(model, 3, 10, "auto", False) is not first
+    first.busy = True
+    assert static_state(model, 4, 10, "auto", False) is not first
+    first.busy = False
+    kw = dict(num_samples=4, length=10, steps=4, seed=3, graphs="eager")
+    a = generate(model, **kw)
+    b = generate(model, **kw)
+    assert torch.equal(a.tokens, b.tokens) and not static_state(model, 4, 10, "auto", False).busy
+    with torch.no_grad():
+        model.lm_head.weight.mul_(3)
+    assert static_state(model, 4, 10, "auto", False) is not first
+    changed = generate(model, **kw)
+    assert torch.equal(changed.tokens, generate(model, num_samples=4, length=10, steps=4, seed=3).tokens)

@@ -15,7 +15,11 @@ once, in microseconds. A graph needs fixed shapes and fixed addresses, so here
   random draws happen after the step, from uniforms drawn before the loop (`aogpt.generation.streams`);
 - `CapturedSteps` copies each step's planned index tensors into the static inputs of its shape's
   graph (captured on the shape's first step, after one eager warm-up run: a step run twice writes
-  the same keys again, so the warm-up changes nothing) and replays it.
+  the same keys again, so the warm-up changes nothing) and replays it;
+- the cache, the contents and the graphs are kept per model and geometry (`static_state`), so the
+  next `generate` call of the same shape replays what the last one captured (a cache column is
+  always written in a run before it is read, so nothing needs clearing; the adaLN tables are
+  recomputed when a weight changed).
 
 If capturing fails (an operation that cannot be captured, a driver without graph support), a one-line
 warning says so and the steps run eagerly in the same static shapes, with the same results. On the
@@ -26,6 +30,7 @@ the tests check them (the same samples as every other path, `tests/generation/te
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -120,4 +125,45 @@ class CapturedSteps:
         return self.graphs[key]
 
 
-__all__ = ["MODES", "CapturedSteps", "mode"]
+@dataclass
+class StaticState:
+    """What a captured step reads and writes at fixed addresses, kept across `generate` calls of one
+    model and geometry so that their graphs are captured once: the KV cache (with the sink row), the
+    chain contents (B, n + 2) the steps gather from, and the graphs. `busy` while a sampler uses it."""
+
+    cache: KVCache
+    tokens: torch.Tensor
+    runner: CapturedSteps
+    weights: list[tuple[torch.Tensor, int]]
+    busy: bool = False
+
+
+_STATES: weakref.WeakKeyDictionary[Any, dict[tuple, StaticState]] = weakref.WeakKeyDictionary()
+KEEP = 2  # geometries kept per model (each holds a KV cache)
+
+
+def static_state(model: Any, batch: int, n: int, attention: str, capture: bool) -> StaticState:
+    """The static state for decoding `batch` sequences of `n` positions with `model` (`StaticState`):
+    the one kept for this geometry when the weights are unchanged (the cache's adaLN tables come from
+    them) and no other sampler is using it, else a new one (kept for the next call)."""
+    from aogpt.decode.runner import snapshot, unchanged
+
+    key = (batch, n, attention, capture)
+    kept = _STATES.setdefault(model, {})
+    state = kept.get(key)
+    if state is not None and not state.busy and unchanged(model, state.weights):
+        return state
+    cache = model.setup_cache(batch + 1, n + 1, attention)  # + the sink sequence of padding rows
+    tokens = torch.full((batch, n + 2), -1, dtype=torch.long, device=cache.kv.device)
+    state = StaticState(cache, tokens, CapturedSteps(model.forward_slots, cache, tokens.view(-1), cache.kv.dtype,
+                                                     capture), snapshot(model))
+    if key in kept and kept[key].busy:  # another sampler holds the kept one: this one is its own
+        return state
+    kept.pop(key, None)
+    kept[key] = state
+    while len(kept) > KEEP:
+        kept.pop(next(iter(kept)))
+    return state
+
+
+__all__ = ["MODES", "CapturedSteps", "StaticState", "mode", "static_state"]

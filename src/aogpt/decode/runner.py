@@ -33,6 +33,22 @@ from aogpt.decode.kernels import INVARIANCE_ROWS, LinearKernel
 from aogpt.decode.kernels import row_invariant as kernel_row_invariant
 
 
+def snapshot(model: nn.Module) -> list[tuple[torch.Tensor, int]]:
+    """The model's parameters as they are now (aliases and versions), for `unchanged`."""
+    return [(p.detach(), p._version) for p in model.parameters()]
+
+
+def unchanged(model: nn.Module, weights: list[tuple[torch.Tensor, int]]) -> bool:
+    """Whether what was built from `weights` (a `snapshot`) still matches the model: every parameter
+    still the same storage (the kept aliases hold the old storages alive, so a new tensor cannot
+    reuse an address) at the same version (bumped by any in-place change: an optimizer step,
+    load_state_dict)."""
+    params = list(model.parameters())
+    return len(params) == len(weights) and all(
+        p.data_ptr() == t.data_ptr() and p.dtype == t.dtype and p._version == v
+        for p, (t, v) in zip(params, weights, strict=True))
+
+
 def supports(model: nn.Module) -> bool:
     """Whether `prepare` applies: a CPU model (the kernels are measured and packed for CPUs)."""
     return next(model.parameters()).device.type == "cpu"
@@ -106,4 +122,5 @@ def weight_bytes(model: nn.Module) -> int:
     return total
 
 
-__all__ = ["build", "decode_linears", "prepare", "role_of", "row_invariant", "supports", "weight_bytes"]
+__all__ = ["build", "decode_linears", "prepare", "role_of", "row_invariant", "snapshot", "supports", "unchanged",
+           "weight_bytes"]

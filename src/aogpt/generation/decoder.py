@@ -45,8 +45,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from aogpt.decode.graphs import CapturedSteps
 from aogpt.decode.graphs import mode as graph_mode
+from aogpt.decode.graphs import static_state
 from aogpt.decode.layouts import Static, padded_steps, ragged_layout, ragged_steps, run_steps
 from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
@@ -253,20 +253,25 @@ class DecoderSampler:
         m = known.shape[-1]  # known (m,) shared by the batch, or (B, m) one row per sequence
         self.model, self.B, self.n, self.chain = model, B, n, chain
         self.teacher = None if teacher is None else teacher.reshape(-1)
-        # content of chain slot i is ychain[:, i] (start = -1); column n + 1 is a write sink
-        self.ychain = torch.full((B, n + 2), -1, dtype=torch.long, device=dev)
-        self.ychain[:, 1:m + 1] = known
         pos = torch.cat([torch.zeros_like(chain[:, :1]), chain + 1], dim=1)
         tgt = torch.cat([chain, torch.full_like(chain[:, :1], model.config.block_size)], dim=1)
         use_cache = settings.use_cache
         static = bool(settings.compile) and use_cache
         graphs = graph_mode(settings.graphs, dev, use_cache, settings.path() != "fast")
-        shapes = Static(B, n + 1) if graphs else None  # captured steps: a sink sequence B for padding rows
-        self.cache = model.setup_cache(B + bool(graphs), n + 1, settings.attention) if use_cache else None
+        self.state = static_state(model, B, n, settings.attention, graphs == "capture") if graphs else None
+        if self.state is not None:  # captured steps: static cache (a sink sequence B for padding rows) and contents
+            self.state.busy = True
+            self.cache, self.ychain, self.captured = self.state.cache, self.state.tokens, self.state.runner
+            self.ychain.fill_(-1)
+        else:
+            self.cache = model.setup_cache(B, n + 1, settings.attention) if use_cache else None
+            self.ychain = torch.full((B, n + 2), -1, dtype=torch.long, device=dev)
+            self.captured = None
+        # content of chain slot i is ychain[:, i] (start = -1); column n + 1 is a write sink
+        self.ychain[:, 1:m + 1] = known
         self.mask_dtype = mask_dtype = self.cache.k.dtype if use_cache else next(model.parameters()).dtype
+        shapes = Static(B, n + 1) if graphs else None
         self.steps = plan_steps(plan, m, use_cache, pos, tgt, mask_dtype, static, ragged_layout(model), shapes)
-        self.captured = CapturedSteps(model.forward_slots, self.cache, self.ychain.view(-1), mask_dtype,
-                                      graphs == "capture") if graphs else None
         # compiled: the uniform steps, whose shapes are fixed (`static`: full-cache masks, columns as
         # tensors); ragged Lemma 4.1 steps change shape every step and run eagerly
         self.forward = compiled(model.forward_slots, settings.compile, dev, dynamic=not static)
@@ -306,6 +311,14 @@ class DecoderSampler:
 
     def run(self, cfg: SamplingConfig, streams: SequenceStreams,
             progress: Callable[[int], None] | None) -> torch.Tensor:
+        try:
+            return self._run(cfg, streams, progress)
+        finally:
+            if self.state is not None:
+                self.state.busy = False
+
+    def _run(self, cfg: SamplingConfig, streams: SequenceStreams,
+             progress: Callable[[int], None] | None) -> torch.Tensor:
         flat = self.ychain.view(-1)
         draws = self._uniforms(cfg, streams)
         for step, u in zip(self.steps, draws, strict=True):
@@ -326,4 +339,4 @@ class DecoderSampler:
                 self.logits.view(-1, self.logits.shape[-1])[step.chain_at] = logits
             if progress is not None:
                 progress(step.revealed)
-        return self.ychain[:, 1:self.n + 1]
+        return self.ychain[:, 1:self.n + 1].clone() if self.state is not None else self.ychain[:, 1:self.n + 1]

@@ -332,8 +332,8 @@ class Engine:
             def on_step(revealed: Revealed) -> None:
                 job.on_event("step", revealed)
 
-            job.result = generate(SharedModel(self, job), **job.kwargs, prepack=False, compile=False,
-                                  on_step=on_step if job.steps else None)
+            job.result = generate(SharedModel(self, job), **job.kwargs, prepack=False, compile=False, graphs="off",
+                                  on_step=on_step if job.steps else None)  # steps batched by the engine: none captured
         except Cancelled:
             pass
         except AOGPTError as exc:

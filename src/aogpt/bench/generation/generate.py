@@ -181,7 +181,8 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
                    dtypes: str | list[str] | tuple[str, ...] | None = None, out: Path | None = None,
                    progress: Callable[[int, str], None] | None = None, encoder_limit: float | None = None,
                    count_flops: bool = True, deadline: float | None = None, cutoff: float | None = None,
-                   memory_buffer: int | None = None) -> dict[str, Any]:
+                   memory_buffer: int | None = None, expected: dict[tuple[str, int], float] | None = None
+                   ) -> dict[str, Any]:
     """Time every method at every T; write DIR/generate.{md,json,png} when `out` is given.
 
     encoder_limit: run the encoder only at the T where T x one timed full pass stays under this many
@@ -191,8 +192,9 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
     matmul rate (`aogpt.bench.limits`), and set every step against its roofline (`aogpt.bench.roofline`),
     with the memory read rate of a buffer of `memory_buffer` bytes (default: beyond the last-level cache).
     deadline: a `time.monotonic()` value past which no further repeat starts (every measurement still
-    runs once); cutoff: one past which no run starts at all (a time-boxed caller: the measurements not
-    run are absent from the result).
+    runs once); cutoff: one past which no run starts at all, nor one expected to end past it (its last
+    run's time, or before its first `expected[(method, T)]`, the caller's estimate of a run's seconds;
+    a time-boxed caller: the measurements not run are absent from the result).
 
     dtypes: the precisions the models' weights are in (``fp32``, ``bf16``, ``auto``; default auto:
     bf16 where the hardware has bf16 units). With several, every (method, T, precision) is timed in
@@ -269,7 +271,9 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
         if progress is not None:
             progress(done[0], f"{key[0]} T={key[1]}" + (f" {key[2]}" if len(dtypes) > 1 else ""))
 
-    timings = interleaved_timings(calls, dev, repeats, long_run, tick, deadline, cutoff)
+    guess = {(m, T, d): (expected or {}).get(("encoder", T), 0.0) / T if m == "encoder-est"
+             else (expected or {}).get((m, T), 0.0) for m, T, d in keys}  # an estimate's run is one pass
+    timings = interleaved_timings(calls, dev, repeats, long_run, tick, deadline, cutoff, guess)
     if bandwidth is not None:  # measured again after the timings: a busy moment during one does not lower it
         again = memory_bandwidth(largest=memory_buffer)
         faster = {k: max(v, again["by_bytes"][k]) for k, v in bandwidth["by_bytes"].items()}
