@@ -124,11 +124,13 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
     threshold, `aogpt.generation.adaptive`), speculative (K or "auto": exact self-speculative
     decoding, `aogpt.generation.speculative`; replaces steps and policy),
     temperature, top_p, top_k, greedy, dtype (precision of the draw, default float64),
-    batch_size (default 32), use_cache, prepack (CPU: decode weights packed once, `aogpt.inference`),
+    batch_size (default 32), use_cache, prepack (the decode path's prepared kernels, `aogpt.inference`),
     attention (the decode attention kernel, `aogpt.attention.KERNELS`; default auto), compile
     (torch.compile the decode step), skip_noop (an encoder skips the forward of steps that reveal
-    nothing, docs/encoder.md), decode_path ("fast", the default: `aogpt.decode`; "reference": the
-    previous path). Sample i draws from its own random streams keyed by (seed, i)
+    nothing, docs/encoder.md), decode_path ("fast", the default: the kernels `aogpt.decode` measured;
+    "reference": the model's own layers), graphs ("auto": a GPU's decode steps captured as CUDA
+    graphs, `aogpt.decode.graphs`; "off"; "eager": their static shapes without capture). Sample i
+    draws from its own random streams keyed by (seed, i)
     (`aogpt.generation.streams`): the batch size, the cache and the decode path do not change it.
     prompt: a prefix (text, needs `tokenizer`, or ids). teacher_tokens (N, n): feed these back instead
     of sampling (tests); record_logits keeps every query's logits. on_step: called after every step
