@@ -323,7 +323,10 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
                     ours = models[(METHODS[m].variant or "gpt", d)] if (METHODS[m].variant or "gpt", d) in models \
                         else build_model("gpt", size, n, dev, seed).to(weights[d])
                     nbytes = _step_bytes(m, ours, last.get((m, T, d)), n, batch, T)
-                    r["roofline"][m][str(T)] = roofline(nbytes, flops / forwards, r["matmul_rate"]["best"], bandwidth)
+                    line = roofline(nbytes, flops / forwards, r["matmul_rate"]["best"], bandwidth)
+                    step_s = {"wall": sec * factor / forwards, "cpu": timings.cpu[(m, T, d)] * factor / forwards}
+                    line["over_memory"] = {k: v / line["memory_s"] for k, v in step_s.items()}  # the step ÷ its limit
+                    r["roofline"][m][str(T)] = line
         r["ratios"] = ratios(r, "seconds")
         r["cpu_ratios"] = ratios(r, "cpu_seconds")
         by_dtype[d] = r
