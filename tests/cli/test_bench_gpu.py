@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ABSENT = ("fastapi", "uvicorn", "greenlet", "lm_eval", "datasets")
 
 
+@pytest.mark.slow
 def test_quick_runs_every_part_on_the_cpu_without_the_server_and_harness_packages(tmp_path):
     """One real run: the command, torchrun's workers (PYTHONPATH carries the blocker to them) and the report."""
     site = tmp_path / "site"

@@ -92,3 +92,26 @@ def test_different_seeds_still_differ():
     model = tiny_model("aogpt", vocab=11, block=n)
     a, b = (generate(model, num_samples=N, length=n, seed=s).tokens for s in (1, 2))
     assert not torch.equal(a, b)
+
+
+@pytest.mark.parametrize("case", ["random, bernoulli", "given order, prompt", "margin, 3 candidates, bernoulli",
+                                  "speculative 3"])
+def test_one_seed_per_sample_draws_what_each_seed_draws_alone(case):
+    """`generate(seed=[s0, s1, ...])`: independent requests decoded as one batch (split across
+    batches too), each sample what ``generate(seed=s_i)`` gives for its only sample."""
+    kw = {**FIXED, **ADAPTIVE, **SPECULATIVE}[case]
+    model = tiny_model("aogpt", vocab=11, block=n)
+    seeds = [3, 41, 3, 1 << 40, 7]
+    together = generate(model, num_samples=N, length=n, seed=seeds, batch_size=3, **kw)
+    for i, s in enumerate(seeds):
+        alone = generate(model, num_samples=1, length=n, seed=s, **kw)
+        assert torch.equal(together.tokens[i], alone.tokens[0]) and torch.equal(together.orders[i], alone.orders[0])
+    assert together.settings["seed"] == seeds
+    assert not torch.equal(together.tokens[0], together.tokens[1])
+
+
+def test_a_seed_list_of_the_wrong_length_is_refused():
+    from aogpt.errors import AOGPTError
+
+    with pytest.raises(AOGPTError, match="one seed per sample"):
+        generate(tiny_model("aogpt", vocab=11, block=n), num_samples=3, length=n, seed=[1, 2])

@@ -84,6 +84,20 @@ class Step:
     draws: np.ndarray | None = None  # the sequence of each revealed token, in the order they are drawn
 
 
+def _runs(sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For runs of `sizes` entries laid end to end: each entry's run and its index within the run."""
+    run = np.repeat(np.arange(len(sizes)), sizes)
+    return run, np.arange(len(run)) - (np.cumsum(sizes) - sizes)[run]
+
+
+def _additive(cols: np.ndarray, decided: np.ndarray, a: np.ndarray, dtype: torch.dtype,
+              device: torch.device) -> torch.Tensor:
+    """`aogpt.kv_cache.additive(step_mask(...))`, entry by entry: 0 where the row at cache column
+    `cols` may attend to column `a` (the decided columns up to itself, and itself), else -inf."""
+    allowed = ((a < decided) & (a <= cols)) | (a == cols)
+    return torch.from_numpy(np.where(allowed, np.float32(0), np.float32(-np.inf))).to(device=device, dtype=dtype)
+
+
 class _Planner:
     """Turns per-step counts into `Step`s, tracking each sequence's decided (g) and cached (L) slots."""
 
@@ -102,19 +116,30 @@ class _Planner:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.dev)
 
     def plan(self, counts: np.ndarray) -> list[Step]:
-        """The `Step` of every step of `counts` (B, T) that reveals something. Uniform steps are built
-        one by one; the ragged steps' index arithmetic is done for all of them at once, in the
-        layout of their attention (`aogpt.decode.layouts`)."""
+        """The `Step` of every step of `counts` (B, T) that reveals something. The index arithmetic of
+        the uniform steps, and of the ragged steps in the layout of their attention
+        (`aogpt.decode.layouts`), is done for all of them at once (`_uniforms`, `_packed`): built one
+        by one, a one-sequence plan cost about as much as its forwards' own Python. With static shapes
+        every step is laid out as a ragged one (padded, a bucket's shapes)."""
+        if (counts == counts[:1]).all() and self.static_shapes is None:  # every step uniform (one sequence, count)
+            k = counts[0][counts[0] > 0]
+            g = self.g[0] + np.cumsum(k) - k  # decided before each step
+            L = np.r_[self.L[0], g[:-1] + 1] if self.use_cache else np.zeros_like(g)  # cached before each step
+            if self.use_cache and len(k):
+                self.L[:] = g[-1] + 1
+            self.g += counts.sum(axis=1)
+            return self._uniforms(k, L, g)
         steps: list[Step | None] = []
         ragged: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
+        uniform: list[tuple[int, int, int, int]] = []
         for i in range(counts.shape[1]):
             k = counts[:, i]
             if not k.any():
                 continue
             L = self.L.copy() if self.use_cache else np.zeros_like(self.L)
-            uniform = (k == k[0]).all() and (L == L[0]).all() and (self.g == self.g[0]).all()
-            if uniform and self.static_shapes is None:
-                steps.append(self._uniform(int(k[0]), int(L[0]), int(self.g[0])))
+            if (k == k[0]).all() and (L == L[0]).all() and (self.g == self.g[0]).all() and self.static_shapes is None:
+                uniform.append((len(steps), int(k[0]), int(L[0]), int(self.g[0])))
+                steps.append(None)
             elif not self.use_cache:
                 steps.append(self._padded(k))
             else:
@@ -126,6 +151,10 @@ class _Planner:
         if ragged:
             _, k, L, g = (np.stack(a) for a in zip(*ragged, strict=True))
             for (i, *_), step in zip(ragged, self._packed(k, L, g), strict=True):
+                steps[i] = step
+        if uniform:
+            index, k, L, g = (np.array(a, dtype=np.int64) for a in zip(*uniform, strict=True))
+            for i, step in zip(index, self._uniforms(k, L, g), strict=True):
                 steps[i] = step
         return steps
 
@@ -173,26 +202,44 @@ class _Planner:
                             int(Q[t]), int(R[t]), padded, draws=qb[q0:q1]))
         return out
 
-    def _uniform(self, k: int, L: int, g: int) -> Step:
-        """Every sequence has the same rows: a (B, S) block from column L, no packing, no padding."""
-        B, n = self.B, self.n
-        S, c = g - L + k, g - L
-        cols = np.arange(L, L + S)
-        content = np.minimum(cols, g)
+    def _uniforms(self, k: np.ndarray, L: np.ndarray, g: np.ndarray) -> list[Step]:
+        """Uniform steps (U,): every sequence has the same rows, a (B, S) block from column L (no
+        packing, no padding), S = g - L + k: the catch-ups L .. g - 1, then k queries. Their indices
+        are computed for all U steps at once, and each step's tensors are views of them."""
+        B, n, U = self.B, self.n, len(k)
+        S, span = g - L + k, g + k
+        if U == 0:
+            return []
+        step, j = _runs(S)  # every step's columns, step after step: (B, sum S)
+        cols = L[step] + j
+        content = np.minimum(cols, g[step])
         b = np.arange(B)[:, None]
-        cols_t = self._t(cols)
-        select = None if c == 0 else self._t(c + np.arange(k)).expand(B, k)
-        query = g + np.arange(k)
-        where: int | torch.Tensor = L
+        content_t, cols_t = self._t(content), self._t(cols)
+        gather = self._t(b * (n + 2) + content).split(S.tolist(), dim=1)
+        pos, target = self.pos[:, content_t].split(S.tolist(), dim=1), self.tgt[:, cols_t].split(S.tolist(), dim=1)
+        qstep, qw = _runs(B * k)  # every step's B * k queries, sequence-major: chain positions g .. g + k - 1
+        qb = qw // k[qstep]
+        query = g[qstep] + qw % k[qstep]
+        sizes = (B * k).tolist()
+        dest, chain_at = self._t(qb * (n + 2) + query + 1).split(sizes), self._t(qb * n + query).split(sizes)
+        draws = np.split(qb, np.cumsum(B * k)[:-1])
         if self.static:  # fixed shapes for a compiled step: columns as a tensor, the mask over the whole cache
-            where = cols_t.expand(B, S)
-            mask = additive(step_mask(cols_t, g, n + 1)[None, None], self.dtype)
-        else:
-            mask = None if S == 1 else additive(step_mask(cols_t, g, L + S)[None, None], self.dtype)
-        return Step(self._t(b * (n + 2) + content), self.pos[:, self._t(content)], self.tgt[:, cols_t], where, mask,
-                    select,
-                    self._t(b * (n + 2) + query + 1).reshape(-1), self._t(b * n + query).reshape(-1),
-                    B * k, B * S, 0, draws=np.repeat(np.arange(B), k))
+            width = np.full(U, n + 1)
+        else:  # no mask for a single row (a query sees the decided columns and itself: all of them)
+            width = np.where(S > 1, span, 0)
+        mstep, mw = _runs(S * width)
+        masks = _additive(L[mstep] + mw // width[mstep], g[mstep], mw % width[mstep], self.dtype,
+                          self.dev).split((S * width).tolist())
+        arange = torch.arange(int(S.max()), device=self.dev)
+        out = []
+        for u in range(U):
+            Su, c, ku = int(S[u]), int(S[u] - k[u]), int(k[u])
+            where: int | torch.Tensor = (arange[:Su] + int(L[u])).expand(B, Su) if self.static else int(L[u])
+            mask = masks[u].view(1, 1, Su, int(width[u])) if width[u] else None
+            select = None if c == 0 else arange[c:c + ku].expand(B, ku)
+            out.append(Step(gather[u], pos[u], target[u], where, mask, select, dest[u], chain_at[u], B * ku, B * Su,
+                            0, draws=draws[u]))
+        return out
 
     def _padded(self, k: np.ndarray) -> Step:
         """Ragged counts without a cache: every decided slot recomputed, sequences padded to (B, W)."""
@@ -252,12 +299,16 @@ class DecoderSampler:
         dev = chain.device
         m = known.shape[-1]  # known (m,) shared by the batch, or (B, m) one row per sequence
         self.model, self.B, self.n, self.chain = model, B, n, chain
+        # a stand-in model may draw the tokens itself (the serving engine draws a step's tokens of all
+        # its requests in one call, row for row what `sample_tokens` draws for each: `aogpt.serve.engine`)
+        self.draw = getattr(model, "draw_tokens", sample_tokens)
         self.teacher = None if teacher is None else teacher.reshape(-1)
         pos = torch.cat([torch.zeros_like(chain[:, :1]), chain + 1], dim=1)
         tgt = torch.cat([chain, torch.full_like(chain[:, :1], model.config.block_size)], dim=1)
         use_cache = settings.use_cache
         static = bool(settings.compile) and use_cache
-        graphs = graph_mode(settings.graphs, dev, use_cache, settings.path() != "fast")
+        graphs = graph_mode(settings.graphs, dev, use_cache, settings.path() != "fast") \
+            if isinstance(model, torch.nn.Module) else None  # a stand-in (the server's) batches steps: never captured
         self.state = static_state(model, B, n, settings.attention, graphs == "capture") if graphs else None
         if self.state is not None:  # captured steps: static cache (a sink sequence B for padding rows) and contents
             self.state.busy = True
@@ -333,7 +384,7 @@ class DecoderSampler:
             if self.teacher is not None:
                 new = self.teacher[step.chain_at]
             else:
-                new = sample_tokens(logits, cfg, uniforms=u)
+                new = self.draw(logits, cfg, uniforms=u)
             flat[step.dest] = new
             if self.logits is not None:
                 self.logits.view(-1, self.logits.shape[-1])[step.chain_at] = logits
