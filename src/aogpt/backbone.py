@@ -128,7 +128,8 @@ def _sum_to(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
 def modulated_rms_norm(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
     """rms_norm(x) * scale + shift (no norm weight: adaLN folds it into `scale`), in the autocast dtype
     when autocast is on (what the next linear layer reads)."""
-    if x.is_cuda or torch.compiler.is_compiling() or shift.dim() != 3 or scale.dim() != 3:
+    if (x.is_cuda or torch.compiler.is_compiling() or not torch.is_grad_enabled() or shift.dim() != 3
+            or scale.dim() != 3):
         return torch.addcmul(shift, rms_norm(x, None, eps), scale)
     out_dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else \
         torch.promote_types(x.dtype, torch.promote_types(shift.dtype, scale.dtype))
@@ -214,6 +215,44 @@ def apply_rotary(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> to
     return (x * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
 
 
+class FusedLinear(nn.Module):
+    """A linear layer prepared for inference that can fuse what follows its product: ``gelu(x,
+    approximate)`` = GELU(self(x)) and ``add(x, residual)`` = residual + self(x)
+    (`aogpt.decode.kernels.LinearKernel`). Any other linear layer (`nn.Linear`, or a wrapper around
+    one) gets the plain formulas from `linear_gelu` and `project`."""
+
+    def gelu(self, x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+        return F.gelu(self(x), approximate=approximate)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return residual + self(x)
+
+
+def linear_gelu(layer: nn.Module, x: torch.Tensor, approximate: str) -> torch.Tensor:
+    """GELU(layer(x)); a `FusedLinear` fuses the GELU into its product (the same function)."""
+    if isinstance(layer, FusedLinear):
+        return layer.gelu(x, approximate)
+    return F.gelu(layer(x), approximate=approximate)
+
+
+def dropping(dropout: nn.Module) -> bool:
+    """Whether `dropout` drops anything (training with p > 0): else it is skipped, not called."""
+    return dropout.training and dropout.p > 0
+
+
+def project(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor | None, dropout: nn.Module) -> torch.Tensor:
+    """An output projection, dropout(layer(x)), added to the residual stream when one is given; a
+    `FusedLinear` (inference, so no dropout) fuses the add into its product."""
+    if dropping(dropout):
+        out = dropout(layer(x))
+        return out if residual is None else residual + out
+    if residual is None:
+        return layer(x)
+    if isinstance(layer, FusedLinear):
+        return layer.add(x, residual)
+    return residual + layer(x)
+
+
 class MLP(nn.Module):
     """GELU (exact, as the paper's reference code), GELU-tanh (GPT-2) or SwiGLU (Llama), of width
     `mlp_hidden` (default 4d). SwiGLU's gate and up projections are one matrix, [gate; up]."""
@@ -228,11 +267,11 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(hidden, cfg.n_embd, bias=bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.c_fc(x)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The MLP's output, plus `residual` when given (the block's residual add, `project`)."""
         if self.swiglu:
-            gate, up = h.chunk(2, dim=-1)
+            gate, up = self.c_fc(x).chunk(2, dim=-1)
             h = F.silu(gate) * up
         else:
-            h = self.gelu(h)
-        return self.dropout(self.c_proj(h))
+            h = linear_gelu(self.c_fc, x, self.gelu.approximate)
+        return project(self.c_proj, h, residual, self.dropout)

@@ -31,22 +31,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from aogpt.attention import AttentionMask, attend
-from aogpt.backbone import (  # noqa: F401 (RMSNorm, LayerNorm, rms_norm: their old import path)
+from aogpt.backbone import (  # noqa: F401 (RMSNorm, LayerNorm: their old import path)
     MLP,
     LayerNorm,
     RMSNorm,
     _RMSNormFunction,
     apply_rotary,
+    dropping,
     fold_affine,
     head_rms_norm,
     make_norm,
+    project,
     rms_norm,
     rotary_tables,
 )
 from aogpt.config import ModelConfig
 from aogpt.errors import AOGPTError
 from aogpt.functional import token_nll
-from aogpt.kv_cache import Conditions, KVCache, PackedSlots
+from aogpt.kv_cache import Conditions, KVCache, PackedSlots, cache_settings
 
 
 def sinusoids(n: int, dim: int, std: float) -> torch.Tensor:
@@ -74,6 +76,7 @@ class SelfAttention(nn.Module):
         super().__init__()
         d = cfg.n_embd
         self.n_head, self.n_kv_head = cfg.n_head, cfg.kv_heads
+        self.head_dim = cfg.head_dim
         self.split = (d, self.n_kv_head * cfg.head_dim, self.n_kv_head * cfg.head_dim)
         self.c_attn = nn.Linear(d, sum(self.split), bias=cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias)
         self.c_proj = nn.Linear(d, d, bias=cfg.bias)
@@ -88,9 +91,19 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | AttentionMask | None, cache: KVCache | None,
                 cache_pos: int | torch.Tensor | PackedSlots | None = None,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None, kernel: str = "auto") -> torch.Tensor:
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None, kernel: str = "auto",
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention's output projection (plus `residual` when given: the block's residual add, fused
+        into the product by a prepared inference kernel, `aogpt.backbone.project`). With a KV cache
+        the slots are rows (B * S, 3, H, D) written to and attending over the cache
+        (`KVCache.attend_rows`); without, (B, H, S, D) attending over themselves."""
         B, S, d = x.shape
-        q, k, v = (t.view(B, S, -1, d // self.n_head) for t in self.c_attn(x).split(self.split, dim=2))
+        qkv = self.c_attn(x)
+        if cache is not None:
+            y = cache.attend_rows(self.layer_idx, self._rows(qkv, B * S, rope), cache_pos, attn_mask,
+                                  self.head_dim ** -0.5)
+            return project(self.c_proj, y.view(B, S, d), residual, self.resid_dropout)
+        q, k, v = (t.view(B, S, -1, self.head_dim) for t in qkv.split(self.split, dim=2))
         if self.qk_norm:  # over each head's vector, as the heads move to the front
             q = head_rms_norm(q, self.q_norm.weight, self.q_norm.eps)
             k = head_rms_norm(k, self.k_norm.weight, self.k_norm.eps)
@@ -101,12 +114,33 @@ class SelfAttention(nn.Module):
             q, k = apply_rotary(q, rope), apply_rotary(k, rope)
         if self.n_kv_head != self.n_head:
             k, v = (t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in (k, v))
-        if cache is not None:
-            y = cache.attend(self.layer_idx, q, k, v, cache_pos, attn_mask)
-        else:
-            y = attend(q, k, v, attn_mask, causal=self.causal, dropout=self.dropout if self.training else 0.0,
-                       kind=kernel)
-        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, S, d)))
+        y = attend(q, k, v, attn_mask, causal=self.causal, dropout=self.dropout if self.training else 0.0,
+                   kind=kernel)
+        return project(self.c_proj, y.transpose(1, 2).reshape(B, S, d), residual, self.resid_dropout)
+
+    def _rows(self, qkv: torch.Tensor, R: int, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """A cache step's q, k, v as rows (R, 3, H, D): a view of the fused projection, the QK-norm
+        written into it in place (inference), unless rotary positions or shared key heads need them
+        apart (then rotated, repeated and stacked)."""
+        H, D = self.n_head, self.head_dim
+        if rope is None and self.n_kv_head == H:
+            rows = qkv.view(R, 3, H, D)
+            if self.qk_norm:  # q and k normalised together, each scaled by its own weight
+                weight = torch.stack([self.q_norm.weight, self.k_norm.weight])[:, None]
+                normed = rms_norm(rows[:, :2], None, self.q_norm.eps)
+                if torch.is_grad_enabled():
+                    return torch.cat([normed * weight, rows[:, 2:]], dim=1)
+                torch.mul(normed, weight, out=rows[:, :2])
+            return rows
+        q, k, v = (t.view(R, -1, D) for t in qkv.reshape(R, -1).split(self.split, dim=-1))
+        if self.qk_norm:
+            q, k = rms_norm(q, self.q_norm.weight, self.q_norm.eps), rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+        if rope is not None:  # the tables (B, 1, S, D) as one per row (R, 1, D)
+            rope = tuple(t.transpose(1, 2).reshape(R, 1, D) for t in rope)
+            q, k = apply_rotary(q, rope), apply_rotary(k, rope)
+        if self.n_kv_head != H:
+            k, v = (t.repeat_interleave(H // self.n_kv_head, dim=1) for t in (k, v))
+        return torch.stack([q, k, v], dim=1)
 
 
 class Block(nn.Module):
@@ -142,8 +176,8 @@ class Block(nn.Module):
         if not self.adaptive:
             if cond is not None:
                 x = x + cond
-            x = x + self.attn(self.ln_1(x), attn_mask, cache, cache_pos, rope, kernel)
-            return x + self.mlp(self.ln_2(x))
+            x = self.attn(self.ln_1(x), attn_mask, cache, cache_pos, rope, kernel, residual=x)
+            return self.mlp(self.ln_2(x), residual=x)
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = cond if isinstance(cond, tuple) else cond.chunk(6, -1)
         h = self.ln_1.modulate(x, shift_a, scale_a)
         x = torch.addcmul(x, gate_a, self.attn(h, attn_mask, cache, cache_pos, rope, kernel))
@@ -170,12 +204,18 @@ class FinalLayer(nn.Module):
 
 @dataclass
 class Kernels:
-    """How a forward is computed, never what: the attention kernel (`aogpt.attention.KERNELS`), and
-    whether an any-order read is laid out by target position (`Transformer.forward`). Switching them
-    changes speed and rounding only; ``Kernels.reference()`` is the plain layout with torch's SDPA."""
+    """How a forward is computed, never what: the attention kernel of a forward over its own slots
+    (`aogpt.attention.KERNELS`), whether an any-order read is laid out by target position
+    (`Transformer.forward`), and for KV-cache steps the few-query kernel, the dtype the cache keeps
+    and the layout of a ragged step (`aogpt.kv_cache`; None: the defaults there). Switching them
+    changes speed and rounding only; ``Kernels.reference()`` is the plain layout with torch's SDPA.
+    The decode path (`aogpt.decode`) sets the cache's three from what it measured on the machine."""
 
     attention: str = "auto"
     by_target: bool = True
+    cache_attention: str | None = None
+    cache_store: torch.dtype | None = None
+    ragged: str | None = None
 
     @classmethod
     def reference(cls) -> Kernels:
@@ -286,18 +326,25 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def conditions(self) -> Conditions | None:
         """The per-position adaLN tables of the current weights (None unless AO-GPT's adaLN): what a
-        KV cache is set up with, so decode steps look the modulation up instead of computing it."""
+        KV cache is set up with, so decode steps look the modulation up instead of computing it.
+        Every block's table is a column slice of one table, so a step looks them all up at once."""
         if self.config.target != "adaln":
             return None
         positions = F.pad(self.transformer.wtpe.weight, (0, 0, 0, 1))
-        return Conditions([b.condition(positions) for b in self.transformer.h],
-                          self.transformer.final_layer.condition(positions))
+        blocks = self.transformer.h
+        width = 6 * self.config.n_embd
+        table = positions.new_empty(positions.shape[0], width * len(blocks))
+        for i, block in enumerate(blocks):
+            table[:, i * width:(i + 1) * width] = block.condition(positions)
+        return Conditions([table[:, i * width:(i + 1) * width] for i in range(len(blocks))],
+                          self.transformer.final_layer.condition(positions), table)
 
     def _block_conditions(self, target: torch.Tensor, conditions: Conditions | None) -> list[Any]:
         kind, blocks = self.config.target, self.transformer.h
         if kind == "adaln":
-            if conditions is not None:
-                return [F.embedding(target, table) for table in conditions.blocks]
+            if conditions is not None:  # one lookup for every block
+                rows, width = F.embedding(target, conditions.table), 6 * self.config.n_embd
+                return [rows[..., i * width:(i + 1) * width] for i in range(len(blocks))]
             return [functools.partial(self._adaptive, target=target)] * len(blocks)  # computed by each block
         if kind == "every-block":
             shared = embed_target(self.transformer.wtpe, target)
@@ -327,7 +374,9 @@ class Transformer(nn.Module):
             if cache_pos is None:
                 raise AOGPTError("a forward with a KV cache needs cache_pos (where its keys go)", "pass cache_pos")
             conditions = conditions if conditions is not None else cache.conditions
-        x = self.transformer.drop(self.embed(tokens, pos, target))
+        x = self.embed(tokens, pos, target)
+        if dropping(self.transformer.drop):
+            x = self.transformer.drop(x)
         cfg = self.config
         rope = rotary_tables(pos, cfg.head_dim, cfg.rope_theta) if cfg.positions == "rotary" else None
         kernel = self.kernels.attention
@@ -424,10 +473,15 @@ class Transformer(nn.Module):
         allowed = (rank[:, None, :] <= rank[:, :, None]).unsqueeze(1)  # (B, 1, rows, rows)
         return self.forward_slots(tokens, pos, target, attn_mask=AttentionMask(allowed))
 
-    def setup_cache(self, batch: int, capacity: int | None = None, attention: str = "sdpa") -> KVCache:
+    def setup_cache(self, batch: int, capacity: int | None = None, attention: str = "auto",
+                    conditions: Conditions | None = None) -> KVCache:
         """A static KV cache for `batch` sequences of up to `capacity` slots (default: the context
-        plus the start slot and one scratch column), with the adaLN tables of the current weights;
-        `attention` picks the kernel decode steps use (`aogpt.kv_cache.attention`)."""
+        plus the start slot and one scratch column), with the adaLN tables of the current weights
+        (or `conditions`, computed once by a caller that sets up many caches); `attention` is the
+        generation's attention setting, which with this model's `kernels` decides the cache's
+        kernel and dtype (`aogpt.kv_cache.cache_settings`)."""
         cfg, p = self.config, next(self.parameters())
+        kernel, store = cache_settings(attention, p.device, p.dtype, self.kernels.cache_attention,
+                                       self.kernels.cache_store)
         return KVCache(cfg.n_layer, batch, cfg.n_head, capacity or cfg.block_size + 2, cfg.head_dim, p.device,
-                       p.dtype, self.conditions(), attention)
+                       p.dtype, conditions if conditions is not None else self.conditions(), kernel, store)

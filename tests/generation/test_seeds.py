@@ -1,8 +1,9 @@
 """One sample per seed: the execution path never changes which tokens a seed draws.
 
 Sequence i of `generate(seed=s)` draws from its own streams (`aogpt.generation.streams`), so the
-KV cache or full recomputation, the packed or padded layout of a step, the batch size, the attention
-kernel and the decode path must all give the same tokens, orders and step counts (float64 models:
+KV cache or full recomputation, the packed or padded layout of a step, the static shapes of a
+captured step (run eagerly here), the batch size, the attention kernel and the decode path must all
+give the same tokens, orders and step counts (float64 models:
 the paths' logits differ by rounding only, far below the gap a uniform would have to fall into to
 draw another token). Every policy and every kind of order is covered, for AO-GPT, sigma-GPT, our GPT
 and the encoder-only MDM.
@@ -42,6 +43,7 @@ def paths(kw: dict) -> list[dict]:
            dict(batch_size=3, decode_path="reference"), dict(batch_size=N, decode_path="reference", attention="sdpa")]
     if "speculative" not in kw:
         out += [dict(batch_size=N, use_cache=False), dict(batch_size=2, use_cache=False)]
+    out += [dict(batch_size=N, graphs="eager"), dict(batch_size=2, graphs="eager")]  # a GPU's static-shape steps
     return out
 
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from aogpt.kv_cache import KVCache, additive, ragged_rows, step_mask
+from aogpt.decode.layouts import ragged_rows
+from aogpt.kv_cache import KVCache, additive, step_mask
 from aogpt.sampling import SamplingConfig, sample_tokens
 from aogpt.serve.batching import DrawCall, ForwardCall, StackedCaches, draw_together
 
@@ -16,7 +17,7 @@ H, D, CAP = 3, 8, 24
 
 
 def cache(batch: int, kernel: str, seed: int) -> KVCache:
-    c = KVCache(2, batch, H, CAP, D, torch.device("cpu"), torch.float32, None, "sdpa", kernel, torch.float32)
+    c = KVCache(2, batch, H, CAP, D, torch.device("cpu"), torch.float32, None, kernel, torch.float32)
     c.kv.copy_(torch.randn(c.kv.shape, generator=torch.Generator().manual_seed(seed)))
     return c
 
@@ -46,11 +47,11 @@ def test_stacked_attention_is_each_calls_own(kernel):
     R = sum(c.shape[0] * c.shape[1] for c in mine)
     qkv = torch.randn(R, 3, H, D, generator=torch.Generator().manual_seed(1))
     for layer in (0, 1):
-        got = StackedCaches(mine, None).attend_rows(layer, qkv, 0, None)
+        got = StackedCaches(mine, None).attend_rows(layer, qkv, 0, None, D ** -0.5)
         want, start = [], 0
         for c in theirs:
             rows = c.shape[0] * c.shape[1]
-            want.append(c.cache.attend_rows(layer, qkv[start:start + rows], c.cache_pos, c.attn_mask))
+            want.append(c.cache.attend_rows(layer, qkv[start:start + rows], c.cache_pos, c.attn_mask, D ** -0.5))
             start += rows
         assert torch.equal(got, torch.cat(want))
     for a, b in zip(mine, theirs, strict=True):  # the same keys and values written

@@ -46,9 +46,9 @@ def add_generate(sub: Any) -> None:
                    help="generation steps: integers, n or n/K (default 16,32,64,128,256)")
     g.add_argument("--methods", default=None, metavar="M,M,...",
                    help="aogpt, aogpt-count, aogpt-nocache, encoder, encoder-noskip, encoder-est (T x one timed "
-                   "pass: for long n), gpt, hf-gpt2 (transformers GPT-2), aogpt-reference, gpt-reference (the "
-                   "previous decode path, for the speed-up; default: aogpt, aogpt-count, aogpt-nocache, encoder, "
-                   "encoder-noskip, gpt, hf-gpt2)")
+                   "pass: for long n), gpt, hf-gpt2 (transformers GPT-2), aogpt-reference, gpt-reference "
+                   "(the reference decode path, torch's default kernels, for the speed-up; default: aogpt, "
+                   "aogpt-count, aogpt-nocache, encoder, encoder-noskip, gpt, hf-gpt2)")
     g.add_argument("--top-p", type=config_arg(SamplingConfig, "top_p"), default=1.0,
                    help="nucleus sampling threshold for every contender (default 1)")
     g.add_argument("--temperature", type=config_arg(SamplingConfig, "temperature"), default=1.0,

@@ -87,7 +87,8 @@ def add_parser(subparsers: Any) -> None:
                    help="recompute every slot at every step instead of using the KV cache (slow; for comparison)")
     p.add_argument("--decode-path", choices=DECODE_PATHS, default="fast",
                    help="how a decode step is computed: fast (kernels measured on this CPU, the default) or "
-                   "reference (the previous path, for comparison); the same samples either way")
+                   "reference (the model's own layers with torch's default kernels, for comparison); the same samples "
+                   "either way")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
     p.add_argument("--dtype", type=precision_arg(WEIGHTS), default="auto", metavar="P",
                    help="the model's weights for the forward passes: auto (whichever of fp32 and bf16 generates "
@@ -170,7 +171,7 @@ def _describe(s: dict[str, Any], weights: str) -> str:
               f"top-k {s['top_k']}", f"seed {s['seed']}", f"{weights} weights",
               "KV cache" if s["use_cache"] else "no cache"]
     if s.get("decode_path") == "reference":
-        parts.append("the previous decode path")
+        parts.append("the reference decode path (torch's default kernels)")
     return "settings: " + ", ".join(parts)
 
 

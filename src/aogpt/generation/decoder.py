@@ -45,10 +45,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from aogpt.decode.graphs import mode as graph_mode
+from aogpt.decode.graphs import static_state
+from aogpt.decode.layouts import Static, padded_steps, ragged_layout, ragged_steps, run_steps
 from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
 from aogpt.generation.streams import SequenceStreams
-from aogpt.kv_cache import PackedSlots, RaggedSlots, additive, ragged_layout, ragged_steps, step_mask, step_rows
+from aogpt.kv_cache import PackedSlots, RaggedSlots, additive, step_mask
 from aogpt.sampling import SamplingConfig, sample_tokens
 
 
@@ -60,9 +63,10 @@ class Step:
     packed); pos, target: the slots' positions and targets; cache_pos and mask: where keys go and
     who attends to whom; select: the query rows sent through the head; dest: flat indices (into
     the chain contents) of the tokens they reveal; chain_at: the same as flat (b * n + chain index)
-    positions, for teacher forcing and recorded logits; rows, padded: real and padding slots.
-    Without a cache (the recompute baseline) ragged steps use a padded (B, S) layout instead of
-    packing, and `pick` says which selected rows are real.
+    positions, for teacher forcing and recorded logits; rows, padded: real and padding slots through
+    the model (attention's own padding slots, in the runs and padded layouts, are not slots: they
+    never reach a linear layer). Without a cache (the recompute baseline) ragged steps use a padded
+    (B, S) layout instead of packing, and `pick` says which selected rows are real.
     """
 
     gather: torch.Tensor
@@ -98,10 +102,12 @@ class _Planner:
     """Turns per-step counts into `Step`s, tracking each sequence's decided (g) and cached (L) slots."""
 
     def __init__(self, B: int, n: int, m: int, use_cache: bool, pos: torch.Tensor, tgt: torch.Tensor,
-                 dtype: torch.dtype, static: bool = False, layout: str = "buckets"):
+                 dtype: torch.dtype, static: bool = False, layout: str = "buckets", shapes: Static | None = None):
         self.B, self.n, self.use_cache, self.pos, self.tgt, self.dtype = B, n, use_cache, pos, tgt, dtype
-        self.layout = layout
+        self.layout = "padded" if shapes is not None else layout
         self.static = static and use_cache
+        self.static_shapes = shapes if use_cache else None
+        self.none = int(tgt[0, -1])  # the target of the last slot: none
         self.dev = pos.device
         self.L = np.zeros(B, dtype=np.int64)
         self.g = np.full(B, m, dtype=np.int64)
@@ -111,10 +117,11 @@ class _Planner:
 
     def plan(self, counts: np.ndarray) -> list[Step]:
         """The `Step` of every step of `counts` (B, T) that reveals something. The index arithmetic of
-        the uniform steps, and of the ragged steps in the bucketed layout, is done for all of them at
-        once (`_uniforms`, `aogpt.kv_cache.ragged_steps`): built one by one, a one-sequence plan cost
-        about as much as its forwards' own Python."""
-        if (counts == counts[:1]).all():  # every step uniform (one sequence, or the count policy)
+        the uniform steps, and of the ragged steps in the layout of their attention
+        (`aogpt.decode.layouts`), is done for all of them at once (`_uniforms`, `_packed`): built one
+        by one, a one-sequence plan cost about as much as its forwards' own Python. With static shapes
+        every step is laid out as a ragged one (padded, a bucket's shapes)."""
+        if (counts == counts[:1]).all() and self.static_shapes is None:  # every step uniform (one sequence, count)
             k = counts[0][counts[0] > 0]
             g = self.g[0] + np.cumsum(k) - k  # decided before each step
             L = np.r_[self.L[0], g[:-1] + 1] if self.use_cache else np.zeros_like(g)  # cached before each step
@@ -130,22 +137,20 @@ class _Planner:
             if not k.any():
                 continue
             L = self.L.copy() if self.use_cache else np.zeros_like(self.L)
-            if (k == k[0]).all() and (L == L[0]).all() and (self.g == self.g[0]).all():
+            if (k == k[0]).all() and (L == L[0]).all() and (self.g == self.g[0]).all() and self.static_shapes is None:
                 uniform.append((len(steps), int(k[0]), int(L[0]), int(self.g[0])))
                 steps.append(None)
             elif not self.use_cache:
                 steps.append(self._padded(k))
-            elif self.layout == "buckets":
+            else:
                 ragged.append((len(steps), k, L, self.g.copy()))
                 steps.append(None)
-            else:
-                steps.append(self._packed(k, L))
             if self.use_cache:
                 self.L[k > 0] = self.g[k > 0] + 1
             self.g += k
         if ragged:
             _, k, L, g = (np.stack(a) for a in zip(*ragged, strict=True))
-            for (i, *_), step in zip(ragged, self._bucketed(k, L, g), strict=True):
+            for (i, *_), step in zip(ragged, self._packed(k, L, g), strict=True):
                 steps[i] = step
         if uniform:
             index, k, L, g = (np.array(a, dtype=np.int64) for a in zip(*uniform, strict=True))
@@ -153,11 +158,17 @@ class _Planner:
                 steps[i] = step
         return steps
 
-    def _bucketed(self, k: np.ndarray, L: np.ndarray, g: np.ndarray) -> list[Step]:
-        """Ragged steps (T', B) in the bucketed packed layout, planned together (`_packed`, vectorised)."""
+    def _packed(self, k: np.ndarray, L: np.ndarray, g: np.ndarray) -> list[Step]:
+        """Ragged steps (T', B), planned together: the real rows of all sequences in one row
+        dimension (the linear layers do exactly the real work), laid out for attention by width
+        (``buckets``), by run of the sequences taking part (``runs``) or padded to the widest sequence
+        (``padded``; with `static` shapes, a bucket's: `aogpt.decode.layouts`)."""
         n, T = self.n, k.shape[0]
         sizes = np.where(k > 0, g - L + k, 0)
-        layouts = ragged_steps(sizes, L, g, self.dtype, self.dev)
+        if self.layout == "padded":
+            layouts = padded_steps(sizes, L, g, self.dev, self.static_shapes)
+        else:
+            layouts = (run_steps if self.layout == "runs" else ragged_steps)(sizes, L, g, self.dtype, self.dev)
         b = np.concatenate([x[0] for x in layouts])
         col = np.concatenate([x[1] for x in layouts])
         R = sizes.sum(axis=1)
@@ -166,12 +177,12 @@ class _Planner:
         content = np.minimum(col, g_row)
         query = col >= g_row
         pos, tgt = self.pos.cpu().numpy(), self.tgt.cpu().numpy()
-        gather = self._t(b * (n + 2) + content)
-        pos_t, tgt_t = self._t(pos[b, content]), self._t(tgt[b, col])
+        gather = b * (n + 2) + content
+        pos_r, tgt_r = pos[b, content], tgt[b, col]
         first_row = np.cumsum(R) - R
         qrows = np.flatnonzero(query)
         qstep = step_of[qrows]
-        select = self._t(qrows - first_row[qstep])
+        select = qrows - first_row[qstep]
         qb, qcol = b[qrows], col[qrows]
         dest, chain_at = self._t(qb * (n + 2) + qcol + 1), self._t(qb * n + qcol)
         Q = np.bincount(qstep, minlength=T)
@@ -179,9 +190,16 @@ class _Planner:
         out = []
         for t in range(T):
             r0, r1, q0, q1 = int(first_row[t]), int(first_row[t] + R[t]), int(qfirst[t]), int(qfirst[t] + Q[t])
-            out.append(Step(gather[r0:r1][None], pos_t[r0:r1][None], tgt_t[r0:r1][None], layouts[t][2], None,
-                            select[q0:q1][None], dest[q0:q1], chain_at[q0:q1], int(Q[t]), int(R[t]), 0,
-                            draws=qb[q0:q1]))
+            rows = [gather[r0:r1], pos_r[r0:r1], tgt_r[r0:r1], select[q0:q1]]
+            if self.static_shapes is not None:  # padding rows: no content, position 0, no target
+                extra, more = len(layouts[t][2].batch) - (r1 - r0), int(self.static_shapes.rows(Q[t])) - (q1 - q0)
+                rows = [np.r_[rows[0], np.full(extra, n + 1)], np.r_[rows[1], np.zeros(extra, np.int64)],
+                        np.r_[rows[2], np.full(extra, self.none)], np.r_[rows[3], np.zeros(more, np.int64)]]
+            gather_t, pos_t, tgt_t, select_t = (self._t(a)[None] for a in rows)
+            where = layouts[t][2]
+            padded = len(rows[0]) - int(R[t])  # padding rows through the model: static shapes' only
+            out.append(Step(gather_t, pos_t, tgt_t, where, None, select_t, dest[q0:q1], chain_at[q0:q1],
+                            int(Q[t]), int(R[t]), padded, draws=qb[q0:q1]))
         return out
 
     def _uniforms(self, k: np.ndarray, L: np.ndarray, g: np.ndarray) -> list[Step]:
@@ -223,20 +241,6 @@ class _Planner:
                             0, draws=draws[u]))
         return out
 
-    def _packed(self, k: np.ndarray, L: np.ndarray) -> Step:
-        """Ragged counts: the real rows of all sequences in one row dimension, bucketed by width for
-        attention (`aogpt.kv_cache.ragged_rows`): no padding anywhere."""
-        n, g = self.n, self.g
-        sizes = np.where(k > 0, g - L + k, 0)
-        b, col, where, mask = step_rows(self.layout, sizes, L, g, self.dtype, self.dev)
-        content = np.minimum(col, g[b])
-        query = col >= g[b]
-        b_t, col_t = self._t(b), self._t(col)
-        qb, qcol = b[query], col[query]
-        return Step(self._t(b * (n + 2) + content)[None], self.pos[b_t, self._t(content)][None],
-                    self.tgt[b_t, col_t][None], where, mask, self._t(np.nonzero(query)[0])[None],
-                    self._t(qb * (n + 2) + qcol + 1), self._t(qb * n + qcol), int(query.sum()), len(b), 0, draws=qb)
-
     def _padded(self, k: np.ndarray) -> Step:
         """Ragged counts without a cache: every decided slot recomputed, sequences padded to (B, W)."""
         B, n, g = self.B, self.n, self.g
@@ -259,13 +263,15 @@ class _Planner:
 
 
 def plan_steps(counts: np.ndarray, m: int, use_cache: bool, pos: torch.Tensor, tgt: torch.Tensor,
-               dtype: torch.dtype = torch.float32, static: bool = False, layout: str = "buckets") -> list[Step]:
+               dtype: torch.dtype = torch.float32, static: bool = False, layout: str = "buckets",
+               shapes: Static | None = None) -> list[Step]:
     """Every forward of a batch decoded with `counts` (B, T) revealed per step, `m` known tokens first
     (attention masks in `dtype`). Steps that reveal nothing run no forward (pending catch-ups wait).
     `static`: uniform steps get shapes that do not grow with the cache (for a compiled step).
-    `layout`: how a ragged step's attention runs (`aogpt.kv_cache.LAYOUTS`)."""
+    `layout`: how a ragged step's attention runs (`aogpt.decode.layouts.LAYOUTS`). `shapes`: every
+    step padded, in static shapes (for a step captured per shape, `aogpt.decode.graphs`)."""
     B, n = pos.shape[0], pos.shape[1] - 1
-    return _Planner(B, n, m, use_cache, pos, tgt, dtype, static, layout).plan(counts)
+    return _Planner(B, n, m, use_cache, pos, tgt, dtype, static, layout, shapes).plan(counts)
 
 
 def compiled(fn: Callable, how: bool | str, device: torch.device, dynamic: bool = True) -> Callable:
@@ -297,16 +303,26 @@ class DecoderSampler:
         # its requests in one call, row for row what `sample_tokens` draws for each: `aogpt.serve.engine`)
         self.draw = getattr(model, "draw_tokens", sample_tokens)
         self.teacher = None if teacher is None else teacher.reshape(-1)
-        # content of chain slot i is ychain[:, i] (start = -1); column n + 1 is a write sink
-        self.ychain = torch.full((B, n + 2), -1, dtype=torch.long, device=dev)
-        self.ychain[:, 1:m + 1] = known
         pos = torch.cat([torch.zeros_like(chain[:, :1]), chain + 1], dim=1)
         tgt = torch.cat([chain, torch.full_like(chain[:, :1], model.config.block_size)], dim=1)
         use_cache = settings.use_cache
         static = bool(settings.compile) and use_cache
-        self.cache = model.setup_cache(B, n + 1, settings.attention) if use_cache else None
-        mask_dtype = self.cache.k.dtype if use_cache else next(model.parameters()).dtype  # what attention runs in
-        self.steps = plan_steps(plan, m, use_cache, pos, tgt, mask_dtype, static, ragged_layout(model))
+        graphs = graph_mode(settings.graphs, dev, use_cache, settings.path() != "fast") \
+            if isinstance(model, torch.nn.Module) else None  # a stand-in (the server's) batches steps: never captured
+        self.state = static_state(model, B, n, settings.attention, graphs == "capture") if graphs else None
+        if self.state is not None:  # captured steps: static cache (a sink sequence B for padding rows) and contents
+            self.state.busy = True
+            self.cache, self.ychain, self.captured = self.state.cache, self.state.tokens, self.state.runner
+            self.ychain.fill_(-1)
+        else:
+            self.cache = model.setup_cache(B, n + 1, settings.attention) if use_cache else None
+            self.ychain = torch.full((B, n + 2), -1, dtype=torch.long, device=dev)
+            self.captured = None
+        # content of chain slot i is ychain[:, i] (start = -1); column n + 1 is a write sink
+        self.ychain[:, 1:m + 1] = known
+        self.mask_dtype = mask_dtype = self.cache.k.dtype if use_cache else next(model.parameters()).dtype
+        shapes = Static(B, n + 1) if graphs else None
+        self.steps = plan_steps(plan, m, use_cache, pos, tgt, mask_dtype, static, ragged_layout(model), shapes)
         # compiled: the uniform steps, whose shapes are fixed (`static`: full-cache masks, columns as
         # tensors); ragged Lemma 4.1 steps change shape every step and run eagerly
         self.forward = compiled(model.forward_slots, settings.compile, dev, dynamic=not static)
@@ -335,16 +351,34 @@ class DecoderSampler:
                              "tokens", cfg.dtype, self.chain.device)
         return list(u.reshape(-1, 1).split(sizes))
 
+    def _forward(self, flat: torch.Tensor, step: Step) -> torch.Tensor:
+        """One planned step through the model (compiled where its shapes are fixed)."""
+        forward = self.eager if isinstance(step.cache_pos, (RaggedSlots, PackedSlots)) else self.forward
+        mask = step.mask
+        if mask is None and isinstance(step.cache_pos, PackedSlots):  # the padded layout's, built per step
+            mask = step.cache_pos.mask(self.mask_dtype)
+        return forward(flat[step.gather], step.pos, step.target, attn_mask=mask, cache=self.cache,
+                       cache_pos=step.cache_pos, select=step.select, conditions=self.conditions)
+
     def run(self, cfg: SamplingConfig, streams: SequenceStreams,
             progress: Callable[[int], None] | None) -> torch.Tensor:
+        try:
+            return self._run(cfg, streams, progress)
+        finally:
+            if self.state is not None:
+                self.state.busy = False
+
+    def _run(self, cfg: SamplingConfig, streams: SequenceStreams,
+             progress: Callable[[int], None] | None) -> torch.Tensor:
         flat = self.ychain.view(-1)
         draws = self._uniforms(cfg, streams)
         for step, u in zip(self.steps, draws, strict=True):
-            forward = self.eager if isinstance(step.cache_pos, (RaggedSlots, PackedSlots)) else self.forward
-            logits = forward(flat[step.gather], step.pos, step.target, attn_mask=step.mask,
-                                              cache=self.cache, cache_pos=step.cache_pos, select=step.select,
-                                              conditions=self.conditions)
-            logits = logits.reshape(-1, logits.shape[-1])
+            if self.captured is not None:  # static shapes: the real selected rows first
+                logits = self.captured(step)
+                logits = logits.reshape(-1, logits.shape[-1])[:step.revealed]
+            else:
+                logits = self._forward(flat, step)
+                logits = logits.reshape(-1, logits.shape[-1])
             if step.pick is not None:
                 logits = logits[step.pick]
             if self.teacher is not None:
@@ -356,4 +390,4 @@ class DecoderSampler:
                 self.logits.view(-1, self.logits.shape[-1])[step.chain_at] = logits
             if progress is not None:
                 progress(step.revealed)
-        return self.ychain[:, 1:self.n + 1]
+        return self.ychain[:, 1:self.n + 1].clone() if self.state is not None else self.ychain[:, 1:self.n + 1]

@@ -134,11 +134,13 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
     threshold, `aogpt.generation.adaptive`), speculative (K or "auto": exact self-speculative
     decoding, `aogpt.generation.speculative`; replaces steps and policy),
     temperature, top_p, top_k, greedy, dtype (precision of the draw, default float64),
-    batch_size (default 32), use_cache, prepack (CPU: decode weights packed once, `aogpt.inference`),
+    batch_size (default 32), use_cache, prepack (the decode path's prepared kernels, `aogpt.inference`),
     attention (the decode attention kernel, `aogpt.attention.KERNELS`; default auto), compile
     (torch.compile the decode step), skip_noop (an encoder skips the forward of steps that reveal
-    nothing, docs/encoder.md), decode_path ("fast", the default: `aogpt.decode`; "reference": the
-    previous path). Sample i draws from its own random streams keyed by (seed, i)
+    nothing, docs/encoder.md), decode_path ("fast", the default: the kernels `aogpt.decode` measured;
+    "reference": the model's own layers), graphs ("auto": a GPU's decode steps captured as CUDA
+    graphs, `aogpt.decode.graphs`; "off"; "eager": their static shapes without capture). Sample i
+    draws from its own random streams keyed by (seed, i)
     (`aogpt.generation.streams`): the batch size, the cache and the decode path do not change it.
     `seed` may also be one seed per sample: sample i then draws what ``generate(seed=seed[i])``
     draws for its only sample (independent requests decoded as one batch, as `aogpt serve` does).
@@ -226,8 +228,7 @@ def _run(req: _Request, progress: Callable[[int], None] | None) -> tuple[list[_B
     """Decode every batch in inference mode (the model's training flag restored after); the batches
     and the seconds taken."""
     model = req.model
-    runner = for_inference(model, rows_hint=req.batch_size, path=decode_path(req.settings)) \
-        if req.settings.prepack and not req.settings.compile else model
+    runner = for_inference(model, path=decode_path(req.settings)) if req.settings.prepack else model
     device = next(model.parameters()).device
     batches = []
     was_training = model.training
@@ -246,10 +247,8 @@ def _run(req: _Request, progress: Callable[[int], None] | None) -> tuple[list[_B
 
 
 def decode_path(settings: GenerationSettings) -> str:
-    """The decode path a generation runs on: the setting's, except that FlexAttention (fast only
-    compiled) and a compiled step take the reference path (oneDNN's pre-packed weights are opaque to
-    inductor: a compiled step runs the model's plain linear layers, which `prepack` leaves unpacked)."""
-    return "reference" if settings.compile or settings.attention == "flex" else settings.decode_path
+    """The decode path a generation runs on (`GenerationSettings.path`)."""
+    return settings.path()
 
 
 def _run_batch(req: _Request, runner: torch.nn.Module, start: int, B: int,

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from aogpt.attention import attend_few
-from aogpt.inference import DECODE_PATH
+from aogpt.decode import runner as decode_runner
 from aogpt.kv_cache import Conditions, KVCache
 from aogpt.sampling import SamplingConfig, sample_tokens
 
@@ -59,34 +59,18 @@ class ForwardCall:
 
 
 class StackedCaches:
-    """Stands in for the KV cache of a stacked forward: `attend` splits the rows (1, H, R, D) back
-    into each call's (B, H, S, D), lets the call's own cache write and attend, and stacks the outputs."""
+    """Stands in for the KV cache of a stacked forward: `attend_rows` splits the rows (R, 3, H, D) back
+    into each call's rows, lets the call's own cache write and attend (in the call's own layout, with
+    the call's own `cache_pos` and mask), and stacks the outputs again."""
 
     def __init__(self, calls: list[ForwardCall], conditions: Conditions | None):
         self.calls = calls
         self.conditions = conditions
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_pos: Any,
-               attn_mask: torch.Tensor | None) -> torch.Tensor:
-        out, start = [], 0
-        for call in self.calls:
-            B, S = call.shape
-            rows = slice(start, start + B * S)
-            if B == 1:  # a packed step, or one sequence: its rows as they are
-                y = call.cache.attend(layer, q[:, :, rows], k[:, :, rows], v[:, :, rows], call.cache_pos,
-                                      call.attn_mask)
-                out.append(y[0])
-            else:
-                q_c, k_c, v_c = (t[0, :, rows].unflatten(1, (B, S)).transpose(0, 1) for t in (q, k, v))
-                y = call.cache.attend(layer, q_c, k_c, v_c, call.cache_pos, call.attn_mask)
-                out.append(y.transpose(0, 1).flatten(1, 2))
-            start += B * S
-        return torch.cat(out, dim=1)[None]
-
-    def attend_rows(self, layer: int, qkv: torch.Tensor, cache_pos: Any, attn_mask: torch.Tensor | None
-                    ) -> torch.Tensor:
-        """The fast decode path's attention (`KVCache.attend_rows`): each call's rows (R, 3, H, D), in
-        the call's own row order, through the call's own cache; the outputs stacked again.
+    def attend_rows(self, layer: int, qkv: torch.Tensor, cache_pos: Any, attn_mask: torch.Tensor | None,
+                    scale: float = 1.0) -> torch.Tensor:
+        """The decode step's attention (`KVCache.attend_rows`): each call's rows (R, 3, H, D), in the
+        call's own row order, through the call's own cache; the outputs stacked again.
 
         The usual call, one sequence whose rows go to consecutive columns, is `KVCache.attend_rows`'s
         own step written out (`_attend_one`): the same writes and the same attention call on the same
@@ -98,14 +82,14 @@ class StackedCaches:
             rows = qkv[start:start + B * S]
             if (B == 1 and type(call.cache_pos) is int and rows.dtype == call.cache.kv.dtype
                     and (call.attn_mask is None or call.attn_mask.dtype == rows.dtype)):
-                out.append(self._attend_one(layer, rows, call))  # (S, H, D), a view
+                out.append(self._attend_one(layer, rows, call, scale))  # (S, H, D), a view
             else:
-                out.append(call.cache.attend_rows(layer, rows, call.cache_pos, call.attn_mask).view(B * S, H, D))
+                out.append(call.cache.attend_rows(layer, rows, call.cache_pos, call.attn_mask, scale).view(B * S, H, D))
             start += B * S
         return torch.cat(out).view(-1, H * D)
 
     @staticmethod
-    def _attend_one(layer: int, rows: torch.Tensor, call: ForwardCall) -> torch.Tensor:
+    def _attend_one(layer: int, rows: torch.Tensor, call: ForwardCall, scale: float) -> torch.Tensor:
         """`KVCache.attend_rows` for one sequence's S rows (S, 3, H, D) at columns c .. c + S - 1 (in
         the cache's dtype): keys and values written there, the queries attend with the cache's
         kernel over the mask's span; returns the output as (S, H, D) (a transposed view)."""
@@ -115,7 +99,7 @@ class StackedCaches:
         kv[:, 0, :, c:c + S] = rows[:, 1:].permute(1, 2, 0, 3)
         span = mask.shape[-1] if mask is not None else c + S
         y = attend_few(rows[:, 0].transpose(0, 1)[None], kv[0, :, :, :span], kv[1, :, :, :span], mask,
-                       cache.few_query)
+                       cache.kernel, scale)
         return y[0].transpose(0, 1)
 
 
@@ -190,19 +174,8 @@ def run_alone(model: torch.nn.Module, call: ForwardCall) -> torch.Tensor:
                                cache_pos=call.cache_pos, select=call.select, conditions=call.conditions)
 
 
-def row_invariant(model: Any, rows: tuple[int, ...] = (1, 2, 5, 9, 17, 40)) -> bool:
+def row_invariant(model: Any) -> bool:
     """Whether the decode path's linear layers give every row the same bits whatever the number of
-    rows multiplied with it (the premise of `run_together`'s batch invariance), on random rows. The
-    fast decode path checks its own kernels, as it calls them (`SmallStepModel.row_invariant`)."""
-    if hasattr(model, "row_invariant"):
-        return model.row_invariant()
-    gen = torch.Generator().manual_seed(0)
-    linears = [m for name, m in model.named_modules() if name.endswith(DECODE_PATH)]
-    p = next(model.parameters())
-    with torch.inference_mode():
-        for layer in linears:
-            x = torch.randn(max(rows), layer.in_features, generator=gen).to(device=p.device, dtype=p.dtype)
-            alone = torch.cat([layer(x[i:i + 1]) for i in range(max(rows))])
-            if any(not torch.equal(layer(x[:r]), alone[:r]) for r in rows):
-                return False
-    return True
+    rows multiplied with it, as a step calls them (the premise of `run_together`'s batch invariance),
+    on random rows (`aogpt.decode.runner.row_invariant`)."""
+    return decode_runner.row_invariant(model)

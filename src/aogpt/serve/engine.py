@@ -53,7 +53,6 @@ from typing import Any
 import greenlet
 import torch
 
-from aogpt.decode.runner import SmallStepModel
 from aogpt.errors import AOGPTError
 from aogpt.generation.generate import GenerationResult, generate
 from aogpt.generation.reveal import Revealed
@@ -97,8 +96,7 @@ class SharedModel:
         self._engine, self._job = engine, job
         self.config = engine.model.config
         self.training = False
-        if hasattr(engine.runner, "ragged_layout"):  # the fast path's layout of ragged steps, as offline
-            self.ragged_layout = engine.runner.ragged_layout
+        self.kernels = engine.runner.kernels  # the decode path's measured cache kernels and layout, as offline
 
     def parameters(self):
         return self._engine.model.parameters()
@@ -112,14 +110,10 @@ class SharedModel:
     def conditions(self):
         return self._engine.conditions
 
-    def setup_cache(self, batch: int, capacity: int | None = None, attention: str = "sdpa") -> KVCache:
-        """The engine's decode runner's cache (the fast path's), or `Transformer.setup_cache` with the
-        adaLN tables computed once for all requests."""
-        if isinstance(self._engine.runner, SmallStepModel):
-            return self._engine.runner.setup_cache(batch, capacity, attention)
-        cfg, p = self.config, next(self.parameters())
-        return KVCache(cfg.n_layer, batch, cfg.n_head, capacity or cfg.block_size + 2, cfg.head_dim, p.device,
-                       p.dtype, self._engine.conditions, attention)
+    def setup_cache(self, batch: int, capacity: int | None = None, attention: str = "auto") -> KVCache:
+        """The engine's decode runner's cache (`Transformer.setup_cache`), with the adaLN tables
+        computed once for all requests."""
+        return self._engine.runner.setup_cache(batch, capacity, attention, conditions=self._engine.conditions)
 
     def forward_slots(self, tokens: torch.Tensor, pos: torch.Tensor, target: torch.Tensor | None = None, *,
                       attn_mask: torch.Tensor | None = None, cache: KVCache | None = None, cache_pos: Any = None,
@@ -146,11 +140,11 @@ class Engine:
             torch.set_num_threads(threads)
         self.model = model.eval().requires_grad_(False)
         self.limits = (limits or EngineLimits()).validate()
-        self.runner = for_inference(self.model, rows_hint=self.limits.max_sequences)
+        self.runner = for_inference(self.model)
         with torch.inference_mode():
             self.conditions = self.model.conditions()
         self.row_invariant = row_invariant(self.runner)
-        choice = getattr(self.runner, "choice", None)  # the fast path's kernels, measured in this process
+        choice = getattr(self.runner, "decode_choice", None)  # the fast path's kernels, measured in this process
         self.decode_kernels = choice.describe() if choice is not None else "the model's own layers"
         if not self.row_invariant:
             log.warning("this machine's matrix kernels round a row differently with the number of rows: batched "
