@@ -91,6 +91,7 @@ STAND_INS = [  # where each command's work begins, after every check
     "aogpt.serve.engine.Engine",  # serve
     "aogpt.bench.serve.clients.bench_serve",
     "aogpt.bench.gpu.run.Run",  # bench gpu
+    "aogpt.reproduce.compare.overlay",  # compare: its plot, once the runs are read and --out checked
     "aogpt.bench.generation.gap_length.bench_gap_length",
 ]
 
@@ -171,6 +172,11 @@ def test_random_values_for_every_option(command, cli, bytes_data, tiny_run, tmp_
     work.mkdir()
     monkeypatch.chdir(work)  # relative paths drawn at random land here
     corpus = make_corpus(tmp_path / "corpus", docs=3, words=80)
+    # One parser for the test's hundred-odd calls, as one process builds one: building it takes most of a
+    # refused call's time, and nothing in it depends on a call (no stateful actions, no defaults read from
+    # the environment); each call still parses its own arguments into a fresh namespace.
+    whole = build_parser()
+    monkeypatch.setattr("aogpt.cli.build_parser", lambda: whole)
     parser = commands()[command]
     counter = iter(range(10**6))
 

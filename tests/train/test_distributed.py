@@ -1,5 +1,6 @@
 """DDP and FSDP2 on CPU: two gloo processes under torchrun follow the one-process trajectory for the
-same global batch, a DDP run resumes with a different world size and an FSDP run resumes sharded;
+same global batch: an FSDP run from the start, a DDP run resumed with a different world size and an
+FSDP run resumed sharded;
 a run leaves its process group only once its DDP model is gone (else a rank can hang on exit)."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -55,24 +57,29 @@ def torchrun(*args, procs=2):
 
 @pytest.mark.slow
 def test_ddp_and_fsdp_match_one_process_and_resume(tmp_path, bytes_data, cli):
+    """Three torchruns (each three processes): FSDP from the start, then each run resumed in two
+    processes: a one-process run with DDP (another world size), the FSDP run sharded. The reference
+    for all three is one process, in this process: its first 4 steps, then a copy resumed to 6."""
     common = ["train", "--preset", "tiny", "--data", bytes_data, "--no-progress", "--device", "cpu",
               "--global-batch-tokens", 512, "--batch-size", 8, "--set", "train.eval_interval=2",
               "--set", "train.ckpt_interval=2", "--set", "log_interval=1", "--max-steps", 4,
               "--dtype", "float32"]  # fp32: bf16 rounds differently per reduction order, beyond this tolerance
-    one, two, sharded = tmp_path / "one", tmp_path / "two", tmp_path / "fsdp"
+    one, ddp, sharded = tmp_path / "one", tmp_path / "ddp", tmp_path / "fsdp"
     assert cli(*common, "--out", one).code == 0  # one process (this one): accumulation 2 x 8 sequences
-    torchrun(*common, "--out", two)  # 2 ranks x 8 sequences
-    torchrun(*common, "--out", sharded, "--fsdp")  # 2 ranks, each holding half of every weight
-    assert_close_rows(rows(one), rows(two))
-    assert_close_rows(rows(one), rows(sharded))
+    shutil.copytree(one, ddp)  # the same 4 steps, to be resumed by 2 ranks
+    assert cli("train", "--out", one, "--resume", "--extend-to", 6, "--no-progress").code == 0
+    torchrun(*common, "--out", sharded, "--fsdp")  # 2 ranks x 8 sequences, each holding half of every weight
+    assert_close_rows(rows(one)[:len(rows(sharded))], rows(sharded))
+    assert max(r["step"] for r in rows(sharded)) == 4
     assert json.loads((sharded / "run.json").read_text())["train"]["fsdp"] is True
-    assert json.loads((two / "run.json").read_text())["train"]["global_batch_tokens"] == 512
+    assert json.loads((sharded / "run.json").read_text())["train"]["global_batch_tokens"] == 512
 
     # the one-process run resumes with 2 processes (DDP), the FSDP run sharded: still the same trajectory
-    torchrun("train", "--out", one, "--resume", "--extend-to", 6, "--no-progress")
+    torchrun("train", "--out", ddp, "--resume", "--extend-to", 6, "--no-progress")
     torchrun("train", "--out", sharded, "--resume", "--extend-to", 6, "--no-progress")
-    assert_close_rows(rows(one), rows(sharded))
     assert max(r["step"] for r in rows(one)) == 6
+    assert_close_rows(rows(one), rows(ddp))
+    assert_close_rows(rows(one), rows(sharded))
 
 
 def test_fsdp_without_torchrun_is_refused(cli, bytes_data, tmp_path):
