@@ -9,10 +9,11 @@
 # The installer is uv (from PyPI, into the venv): it resolves and installs several times faster than pip.
 # It is given pip's own settings (find-links, indexes, constraints, as pip.conf and PIP_* say) and pip's
 # rule of taking the best version from any index, so it finds what pip would; when uv cannot be
-# installed, or fails, pip does the work (AOGPT_INSTALLER=pip forces pip). Both compile every module to
-# bytecode: environments that set PYTHONDONTWRITEBYTECODE would otherwise recompile torch's modules in
-# every process (the test suite's collection takes twice as long). The installers' output goes to
-# $VENV/install.log and is shown only on failure.
+# installed, or fails, pip does the work (AOGPT_INSTALLER=pip forces pip). Bytecode is compiled at install
+# (every module, most of the install's time) only where PYTHONDONTWRITEBYTECODE forbids Python to write
+# its own: there every process would recompile torch's modules (the test suite's collection takes twice as
+# long). Elsewhere Python writes a module's bytecode the first time it is imported, for the modules used.
+# The installers' output goes to $VENV/install.log and is shown only on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${AOGPT_VENV:-.venv}
@@ -75,18 +76,19 @@ for path in opts.constraints:
 PY
 ); then
   while read -r option value; do UV_ARGS+=("$option" ${value:+"$value"}); done <<<"$settings"
-  UV_ARGS+=(--index-strategy unsafe-best-match --compile-bytecode)
+  UV_ARGS+=(--index-strategy unsafe-best-match)
   installer=uv
 else
   installer=pip
 fi
+if [ -n "${PYTHONDONTWRITEBYTECODE:-}" ]; then UV_ARGS+=(--compile-bytecode) PIP_ARGS=(); else PIP_ARGS=(--no-compile); fi
 # install ARGS...: uv when it is there (pip when uv fails: an index or option uv does not take), else pip.
 install() {
   if [ "$installer" = uv ]; then
     "$VENV/bin/python" -m uv pip install --python "$VENV/bin/python" "${UV_ARGS[@]}" "$@" >>"$log" 2>&1 && return
     say "note: uv could not install this; trying pip (log: $log)"
   fi
-  pip install --no-warn-conflicts "$@" || fail "pip install $*"
+  pip install --no-warn-conflicts "${PIP_ARGS[@]}" "$@" || fail "pip install $*"
 }
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
