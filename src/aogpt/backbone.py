@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from aogpt.config import ModelConfig
+from aogpt.pathway import call, linear
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -216,23 +217,24 @@ def apply_rotary(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> to
 
 class MLP(nn.Module):
     """GELU (exact, as the paper's reference code), GELU-tanh (GPT-2) or SwiGLU (Llama), of width
-    `mlp_hidden` (default 4d). SwiGLU's gate and up projections are one matrix, [gate; up]."""
+    `mlp_hidden` (default 4d). SwiGLU's gate and up projections are one matrix, [gate; up]. In a
+    gated model (`aogpt.pathway`) `forward(x, pathway=True)` uses the linear layers' W + dW."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         hidden = cfg.mlp_hidden or 4 * cfg.n_embd
         bias = cfg.bias if cfg.mlp_bias is None else cfg.mlp_bias
         self.swiglu = cfg.mlp == "swiglu"
-        self.c_fc = nn.Linear(cfg.n_embd, (2 if self.swiglu else 1) * hidden, bias=bias)
+        self.c_fc = linear(cfg, cfg.n_embd, (2 if self.swiglu else 1) * hidden, bias)
         self.gelu = nn.GELU(approximate="tanh" if cfg.mlp == "gelu-tanh" else "none")
-        self.c_proj = nn.Linear(hidden, cfg.n_embd, bias=bias)
+        self.c_proj = linear(cfg, hidden, cfg.n_embd, bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.c_fc(x)
+    def forward(self, x: torch.Tensor, pathway: bool = False) -> torch.Tensor:
+        h = call(self.c_fc, x, pathway)
         if self.swiglu:
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
         else:
             h = self.gelu(h)
-        return self.dropout(self.c_proj(h))
+        return self.dropout(call(self.c_proj, h, pathway))

@@ -21,6 +21,7 @@ from aogpt.compiling import CHOICES as COMPILE_CHOICES
 from aogpt.errors import AOGPTError, check_choice
 from aogpt.families import family
 from aogpt.orders import Mallows, make_curriculum, make_order_sampler
+from aogpt.pathway import PATHWAYS
 from aogpt.precision import AUTOCAST, canonical
 from aogpt.validation import SEED_MAX, bounded, check_ranges
 
@@ -67,6 +68,12 @@ class ModelConfig:
     # A left-to-right model trained to fill in the middle (`aogpt.data.fim`, train.fim_rate): its sentinel ids
     # [end, prefix, suffix, middle], right after the tokenizer's own; None for every other model.
     fim_tokens: list[int] | None = None
+    # How an adapted model reads orders other than left to right (`aogpt.pathway`, docs/adapt.md): "shared", every
+    # slot through the same weights; "gated", the source's weights frozen and alone on the slots that read left to
+    # right, a new pathway (a delta per linear layer of rank `pathway_rank`, 0: full rank; adaLN; the target table)
+    # added on every other slot.
+    pathway: str = "shared"
+    pathway_rank: int = bounded(0, ge=0, le=2**17)
 
     @property
     def head_dim(self) -> int:
@@ -109,6 +116,11 @@ class ModelConfig:
             raise AOGPTError("a tied output head has no bias in this model", "set head_bias false")
         if self.fim_tokens is not None:
             self._check_fim()
+        check_choice("pathway", self.pathway, PATHWAYS)
+        if self.pathway == "gated" and (not family(self.variant).any_order or self.target not in ("adaln", "input")):
+            raise AOGPTError(f"a gated pathway adds orders other than left to right through adaLN or an input target "
+                             f"table, which variant {self.variant} (target {self.target}) has not",
+                             "use variant aogpt or sigma (aogpt adapt --variant)")
         return self
 
     def _check_fim(self) -> None:
@@ -235,6 +247,18 @@ ADAPT_RECIPE: dict[str, Any] = dict(
     backbone_lr_mult=0.1, target_lr_mult=10.0, replay_l2r=0.25, distill_l2r=1.0, order="mixture",
     curriculum="l2r@10,mallows:4..0.05@60", lr_schedule="wsd", decay_share=0.2, eval_interval=250,
     eval_batches=8, log_interval=10, ckpt_interval=1000, ema_decay=0.99)
+# Fine-tuning a gated pathway (`aogpt.pathway`, docs/adapt.md): only the new pathway trains (the source is frozen
+# and read left to right it stays the source whatever the pathway learns), so there is nothing to hold: no replay,
+# no distillation, no left-to-right stage (a left-to-right row's slots are the source's: they teach the pathway
+# nothing). The deltas at lr (the backbone's role), adaLN and the target table at 10x it; orders: random, and
+# infilling orders (a prefix, the text after a gap, then the gap) for the infilling users ask of it.
+GATED_RECIPE: dict[str, Any] = dict(
+    batch_size=16, max_steps=100_000, max_minutes=10.0, lr=3e-3, min_lr=3e-4, warmup_steps=10,
+    backbone_lr_mult=1.0, target_lr_mult=10.0, replay_l2r=0.0, distill_l2r=0.0, order="uniform*0.75+infill*0.25",
+    curriculum="", lr_schedule="wsd", decay_share=0.2, eval_interval=250, eval_batches=8, log_interval=10,
+    ckpt_interval=1000, ema_decay=0.99)
+GATED_WHY = ("the recipe measured for a gated pathway in docs/adapt.md: only the new pathway trains, read left to "
+             "right the model stays its source")
 ADAPT_WHY = ("the recipe measured for adapted checkpoints in docs/adapt.md: it keeps the source's left-to-right "
              "quality while the new target pathway learns the other orders")
 
@@ -264,6 +288,10 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         # recipe measured in docs/adapt.md. The model is the checkpoint's; these are the train fields only.
         "model": {},
         "train": dict(ADAPT_RECIPE),
+    },
+    "adapt-gated": {  # fine-tuning a gated pathway (`aogpt adapt --pathway gated` writes it as the recipe)
+        "model": {},
+        "train": dict(GATED_RECIPE),
     },
     "cpu-small": {  # a small CPU model: about 7 minutes (850 steps, 1.7 M tokens) on 2 CPU cores
         "model": dict(n_layer=4, n_head=3, n_embd=192, block_size=128, target_dim=128),

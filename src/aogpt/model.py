@@ -47,6 +47,8 @@ from aogpt.config import ModelConfig
 from aogpt.errors import AOGPTError
 from aogpt.functional import token_nll
 from aogpt.kv_cache import Conditions, KVCache, PackedSlots
+from aogpt.orders import left_to_right_slots
+from aogpt.pathway import DELTA_NAMES, DeltaLinear, RowSplit, freeze_source, linear
 
 
 def sinusoids(n: int, dim: int, std: float) -> torch.Tensor:
@@ -75,8 +77,8 @@ class SelfAttention(nn.Module):
         d = cfg.n_embd
         self.n_head, self.n_kv_head = cfg.n_head, cfg.kv_heads
         self.split = (d, self.n_kv_head * cfg.head_dim, self.n_kv_head * cfg.head_dim)
-        self.c_attn = nn.Linear(d, sum(self.split), bias=cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias)
-        self.c_proj = nn.Linear(d, d, bias=cfg.bias)
+        self.c_attn = linear(cfg, d, sum(self.split), cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias)
+        self.c_proj = linear(cfg, d, d, cfg.bias)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
@@ -89,8 +91,16 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | AttentionMask | None, cache: KVCache | None,
                 cache_pos: int | torch.Tensor | PackedSlots | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, kernel: str = "auto") -> torch.Tensor:
-        B, S, d = x.shape
-        q, k, v = (t.view(B, S, -1, d // self.n_head) for t in self.c_attn(x).split(self.split, dim=2))
+        return self.resid_dropout(self.c_proj(self.mix(self.c_attn(x), attn_mask, cache, cache_pos, rope, kernel)))
+
+    def mix(self, qkv: torch.Tensor, attn_mask: torch.Tensor | AttentionMask | None, cache: KVCache | None,
+            cache_pos: int | torch.Tensor | PackedSlots | None = None,
+            rope: tuple[torch.Tensor, torch.Tensor] | None = None, kernel: str = "auto") -> torch.Tensor:
+        """Attention over the projected [q; k; v] (B, S, .): (B, S, d), before the output projection (the
+        part of the layer where slots read each other; a gated model projects its rows apart)."""
+        B, S, _ = qkv.shape
+        d = self.c_proj.in_features
+        q, k, v = (t.view(B, S, -1, d // self.n_head) for t in qkv.split(self.split, dim=2))
         if self.qk_norm:  # over each head's vector, as the heads move to the front
             q = head_rms_norm(q, self.q_norm.weight, self.q_norm.eps)
             k = head_rms_norm(k, self.k_norm.weight, self.k_norm.eps)
@@ -106,7 +116,7 @@ class SelfAttention(nn.Module):
         else:
             y = attend(q, k, v, attn_mask, causal=self.causal, dropout=self.dropout if self.training else 0.0,
                        kind=kernel)
-        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, S, d)))
+        return y.transpose(1, 2).reshape(B, S, d)
 
 
 class Block(nn.Module):
@@ -123,14 +133,18 @@ class Block(nn.Module):
         self.ln_2 = make_norm(cfg, cfg.n_embd)
         self.mlp = MLP(cfg)
         self.adaptive = cfg.target == "adaln"
+        self.gated = cfg.pathway == "gated"
         if self.adaptive:
             self.adaLN = nn.Sequential(nn.SiLU(), nn.Linear(cfg.target_dim, 6 * cfg.n_embd))
         if cfg.target == "per-block":
             self.wtpe = nn.Embedding(cfg.block_size, cfg.n_embd)
 
     def condition(self, target_embedding: torch.Tensor) -> torch.Tensor:
-        """adaLN rows (..., 6d): shift, scale, gate for attention then MLP, norms' affine folded in."""
+        """adaLN rows (..., 6d): shift, scale, gate for attention then MLP, norms' affine folded in. In a
+        gated model the gates are 1 + the layer's output: all of its pathway at zero is the source's block."""
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = self.adaLN(target_embedding).chunk(6, dim=-1)
+        if self.gated:
+            gate_a, gate_m = 1 + gate_a, 1 + gate_m
         return torch.cat([*fold_affine(self.ln_1, shift_a, scale_a), gate_a,
                           *fold_affine(self.ln_2, shift_m, scale_m), gate_m], dim=-1)
 
@@ -149,6 +163,43 @@ class Block(nn.Module):
         x = torch.addcmul(x, gate_a, self.attn(h, attn_mask, cache, cache_pos, rope, kernel))
         h = self.ln_2.modulate(x, shift_m, scale_m)
         return torch.addcmul(x, gate_m, self.mlp(h))
+
+    def forward_gated(self, parts: tuple[torch.Tensor | None, torch.Tensor | None], cond: Any, split: RowSplit,
+                      attn_mask: torch.Tensor | AttentionMask | None, cache: KVCache | None,
+                      cache_pos: int | torch.Tensor | PackedSlots | None = None,
+                      rope: tuple[torch.Tensor, torch.Tensor] | None = None, kernel: str = "auto"
+                      ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """A gated model's block (`aogpt.pathway`): `parts` are the rows of the source's slots and of the
+        pathway's (`split`); the source's are computed by its own norms and weights, exactly as the source's
+        block computes them, the pathway's by the modulated norms (`cond`: their adaLN rows) and W + dW.
+        They meet in attention only."""
+        x0, x1 = parts
+        if callable(cond):
+            cond = cond(self)
+        h0 = None if x0 is None else self.ln_1(x0)
+        h1 = None
+        if x1 is not None:
+            if self.adaptive:
+                shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = \
+                    cond if isinstance(cond, tuple) else cond.chunk(6, -1)
+                h1 = self.ln_1.modulate(x1, shift_a, scale_a)
+            else:
+                h1 = self.ln_1(x1)
+        attn = self.attn
+        qkv = split.join(None if h0 is None else attn.c_attn(h0), None if h1 is None else attn.c_attn(h1, True))
+        y0, y1 = split.split(attn.mix(qkv, attn_mask, cache, cache_pos, rope, kernel))
+        if x0 is not None:
+            x0 = x0 + attn.resid_dropout(attn.c_proj(y0))
+            x0 = x0 + self.mlp(self.ln_2(x0))
+        if x1 is not None:
+            a1 = attn.resid_dropout(attn.c_proj(y1, True))
+            if self.adaptive:
+                x1 = torch.addcmul(x1, gate_a, a1)
+                x1 = torch.addcmul(x1, gate_m, self.mlp(self.ln_2.modulate(x1, shift_m, scale_m), True))
+            else:
+                x1 = x1 + a1
+                x1 = x1 + self.mlp(self.ln_2(x1), True)
+        return x0, x1
 
 
 class FinalLayer(nn.Module):
@@ -208,6 +259,8 @@ class Transformer(nn.Module):
         if cfg.tie_head:
             self.lm_head.weight = self.transformer.wte.weight
         self.reset_parameters()
+        if cfg.pathway == "gated":  # the source's weights never train (`aogpt.pathway`)
+            freeze_source(self)
 
     # ------------------------------------------------------------------ setup
     @classmethod
@@ -224,6 +277,8 @@ class Transformer(nn.Module):
         """GPT-2 initialisation; residual projections scaled by 1/sqrt(2 * n_layer); adaLN-Zero."""
         std = 0.02
         for name, p in self.named_parameters():
+            if name.rpartition(".")[2] in DELTA_NAMES:
+                continue  # a gated pathway's deltas: `DeltaLinear.reset_delta` below
             if name.endswith("bias"):
                 nn.init.zeros_(p)
             elif p.dim() == 1:  # norm weights
@@ -243,6 +298,9 @@ class Transformer(nn.Module):
                 tables += [b.wtpe for b in tr.h if hasattr(b, "wtpe")]
                 for table in tables:
                     table.weight.copy_(sinusoids(*table.weight.shape, std))
+        for module in self.modules():
+            if isinstance(module, DeltaLinear):
+                module.reset_delta()
 
     def target_pathway(self) -> dict[str, nn.Parameter]:
         """The parameters that carry the target position (the position a slot must predict): the
@@ -264,7 +322,7 @@ class Transformer(nn.Module):
             here, there = tr.wpe(pos), embed_target(tr.wtpe, target)  # a (1, S) target row serves every sequence
             return tok + torch.cat([here, there.expand(*here.shape[:-1], -1)], dim=-1)
         x = tok + tr.wpe(pos) if "wpe" in tr else tok
-        if self.config.target == "input":
+        if self.config.target == "input" and self.config.pathway != "gated":  # gated: the pathway's rows only
             x = x + embed_target(tr.wtpe, target)
         return x
 
@@ -309,7 +367,7 @@ class Transformer(nn.Module):
     def forward_slots(self, tokens: torch.Tensor, pos: torch.Tensor, target: torch.Tensor | None = None, *,
                       attn_mask: torch.Tensor | None = None, cache: KVCache | None = None,
                       cache_pos: int | torch.Tensor | PackedSlots | None = None, select: torch.Tensor | None = None,
-                      conditions: Conditions | None = None) -> torch.Tensor:
+                      conditions: Conditions | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
         """Logits for arbitrary slots: the one forward pass every caller goes through.
 
         tokens, pos, target: (B, S) slot contents (< 0: no content), original positions (0 = start),
@@ -319,7 +377,11 @@ class Transformer(nn.Module):
         column, (B, S) columns, or `PackedSlots` for a packed (1, R) ragged step) and attend over
         (`aogpt.kv_cache`). select: (B, R) slot indices
         whose logits are wanted (the head is the costliest layer of a small model). conditions:
-        precomputed adaLN tables (default: the cache's, else computed from the weights now).
+        precomputed adaLN tables (default: the cache's, else computed from the weights now). gate: in a
+        model with a gated pathway (`aogpt.pathway`), (B, S) bool, True for the slots that do not read
+        left to right (`aogpt.orders.left_to_right_slots`); None: the slots are one chain from the start
+        slot, and the gate follows from their positions and targets (a cached step must pass it).
+        Ignored by other models.
         """
         if target is None:
             target = torch.full_like(pos, self.config.block_size)
@@ -331,6 +393,14 @@ class Transformer(nn.Module):
         cfg = self.config
         rope = rotary_tables(pos, cfg.head_dim, cfg.rope_theta) if cfg.positions == "rotary" else None
         kernel = self.kernels.attention
+        if cfg.pathway == "gated":
+            if gate is None:
+                if cache is not None:
+                    raise AOGPTError("a gated model's cached step needs each slot's gate",
+                                     "pass gate= (aogpt.orders.left_to_right_slots)")
+                gate = ~left_to_right_slots(pos.expand(tokens.shape), target.expand(tokens.shape))
+            return self._forward_gated(x, target, gate.expand(tokens.shape), attn_mask, cache, cache_pos, select,
+                                       conditions, rope, kernel)
         for block, cond in zip(self.transformer.h, self._block_conditions(target, conditions), strict=True):
             x = block(x, cond, attn_mask, cache, cache_pos, rope, kernel)
         if select is not None:
@@ -342,6 +412,40 @@ class Transformer(nn.Module):
         else:
             x = self.transformer.ln_f(x)
         return self.lm_head(x)
+
+    def _forward_gated(self, x: torch.Tensor, target: torch.Tensor, gate: torch.Tensor, attn_mask: Any, cache: Any,
+                       cache_pos: Any, select: torch.Tensor | None, conditions: Conditions | None, rope: Any,
+                       kernel: str) -> torch.Tensor:
+        """`forward_slots` of a gated model: the source's slots (gate 0) and the pathway's (gate 1) apart
+        wherever rows are computed one by one, together in attention (`aogpt.pathway`)."""
+        cfg, tr = self.config, self.transformer
+        target = target.expand(gate.shape)
+        split = RowSplit(gate)
+        x0, x1 = split.split(x)
+        conds: list[Any] = [None] * len(tr.h)
+        if split.has_pathway:
+            wanted = split.select(target)
+            if cfg.target == "input":
+                x1 = x1 + embed_target(tr.wtpe, wanted)
+            else:
+                conds = self._block_conditions(wanted, conditions)
+        for block, cond in zip(tr.h, conds, strict=True):
+            x0, x1 = block.forward_gated((x0, x1), cond, split, attn_mask, cache, cache_pos, rope, kernel)
+        x = split.join(x0, x1)
+        if select is not None:
+            x = x.gather(1, select.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+            target, gate = target.gather(1, select), gate.gather(1, select)
+            split = RowSplit(gate)
+        h0, h1 = split.split(x)
+        if cfg.target == "adaln":
+            final = tr.final_layer
+            h0 = None if h0 is None else final.ln_f(h0)
+            if h1 is not None:
+                h1 = final(h1, self._adaptive(final, split.select(target), None if conditions is None
+                                              else conditions.final))
+        else:
+            h0, h1 = (None if h is None else tr.ln_f(h) for h in (h0, h1))
+        return self.lm_head(split.join(h0, h1))
 
     def slots_for_order(self, idx: torch.Tensor, order: torch.Tensor, with_last_slot: bool = False
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -388,7 +492,7 @@ class Transformer(nn.Module):
         elif cfg.target == "none" and not torch.compiler.is_compiling() and not bool(
                 (order == torch.arange(n, device=order.device)).all()):  # (a data-dependent check: eager only)
             raise AOGPTError(f"variant {cfg.variant} reads left to right only", "use order l2r")
-        if cfg.target != "none" and self.kernels.by_target:
+        if cfg.target != "none" and self.kernels.by_target and cfg.pathway != "gated":
             rows = self.forward_by_target(idx, order, with_last_slot)
             losses = token_nll(rows[:, :n], idx).gather(1, order)  # slot t predicted the token at order[:, t]
             if not logits:

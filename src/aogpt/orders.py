@@ -20,6 +20,12 @@ and `aogpt sample --order`):
   inv = the number of inversions (pairs read against the text's direction). THETA = 0 is uniform,
   ``inf`` (or a large THETA) is left to right; in between, "left to right with local shuffles" whose
   size shrinks like 1/THETA.
+- ``infill[:L]``: a prefix read left to right, then the text after a gap, then the gap, left to right:
+  the order in which an infilling is scored given both sides (`aogpt.evaluation.infill`). The gap
+  holds L positions (default: one of `INFILL_SPANS`, drawn per sequence, shortened to fit) and starts
+  at a uniformly drawn position, so the prefix or the suffix may be empty.
+- ``SPEC*W+SPEC*W+...``: a blend: each sequence draws one of the specs with probability proportional
+  to its weight (``uniform*0.75+infill*0.25``).
 - ``window:W``: a sliding window over the unread positions: each step reads a position drawn
   uniformly from the W leftmost positions not yet read (all of them when fewer remain). W = 1 is
   left to right, W >= n uniform; a position is read at most W - 1 steps before its left-to-right
@@ -43,6 +49,14 @@ training and evaluation refuse them.
 Besides specs, generation and evaluation accept explicit orders: a permutation (n,) for every
 sequence or one per sequence (N, n), checked by `check_permutation`. Whether something is left to
 right is answered by `is_left_to_right`, for specs, samplers and tensors alike.
+
+**Which slots read left to right** (`identity_run`, `left_to_right_slots`, `gates`): slot i of an
+order reads left to right when the order so far is the identity, ``order[:i+1] == 0..i``: it holds
+x[i-1] (the start token for i = 0) after reading x[0..i-1] in that order and predicts x[i], exactly
+what a left-to-right model computes there. These slots form the order's leading identity run. A
+model with a gated pathway (`aogpt.pathway`) computes them with its source's weights alone (gate 0)
+and every other slot through the new pathway (gate 1); training, evaluation and generation all take
+the gate from here.
 """
 
 from __future__ import annotations
@@ -61,7 +75,8 @@ _DISPERSION = Range(ge=0, le=1e6)  # exp(-1e6) underflows: larger is left to rig
 _WIDTH = Range(ge=1, le=2**20, integer=True)
 
 ORDER_SPECS = ("l2r", "uniform", "mixture[:P]", "fixed-random[:SEED]", "blockwise[:K[:SEED]]", "mallows:THETA",
-               "window:W")
+               "window:W", "infill[:L]", "SPEC*W+SPEC*W")
+INFILL_SPANS = (8, 32, 64)  # the gap lengths an infilling order draws by default (and `aogpt eval --infill` scores)
 ALIASES = {"random": "uniform"}  # generation's and evaluation's historical name for uniform orders
 ADAPTIVE = ("confidence", "margin", "entropy")  # chosen by the model while generating
 
@@ -180,7 +195,7 @@ def _arg(spec: str, what: str, bounds: Range, text: str) -> int | float:
             from None
 
 
-ORDER_EXAMPLES = {"mixture": "mixture:0.1", "fixed-random": "fixed-random:7",
+ORDER_EXAMPLES = {"mixture": "mixture:0.1", "infill": "infill:32", "fixed-random": "fixed-random:7",
                   "blockwise": "blockwise:4 or blockwise:8:3", "mallows": "mallows:1 (0: uniform, inf: l2r)",
                   "window": "window:8"}
 
@@ -261,6 +276,68 @@ class Window(OrderSampler):
         return decode_ranks(torch.floor(u * choices).long())
 
 
+class Infill(OrderSampler):
+    """A prefix left to right, the text after a gap left to right, then the gap left to right (module
+    docstring): gap lengths `lengths` (one drawn per sequence, at most n), starts uniform over those
+    that fit."""
+
+    def __init__(self, length: int | None = None):
+        self.lengths = INFILL_SPANS if length is None else (length,)
+        self.spec = "infill" if length is None else f"infill:{length}"
+
+    def sample(self, batch, n, device="cpu", generator=None):
+        lengths = torch.tensor(self.lengths, device=device).clamp(max=n)
+        pick = torch.randint(len(self.lengths), (batch, 1), device=device, generator=generator)
+        gap = lengths[pick]  # (B, 1)
+        start = (torch.rand(batch, 1, device=device, generator=generator) * (n - gap + 1)).long()
+        p = torch.arange(n, device=device)
+        inside = (p >= start) & (p < start + gap)
+        return (p + n * inside).argsort(dim=1, stable=True)  # prefix, suffix, then the gap
+
+    def gap_lengths(self, n: int) -> tuple[int, ...]:
+        return tuple(min(length, n) for length in self.lengths)
+
+
+class Blend(OrderSampler):
+    """Each sequence reads an order of one of `parts` (samplers), drawn with probability proportional
+    to its weight; every part draws a whole batch, so the streams do not depend on which rows took it."""
+
+    def __init__(self, parts: list[tuple[OrderSampler, float]]):
+        total = sum(w for _, w in parts)
+        if len(parts) < 2 or total <= 0 or any(w < 0 for _, w in parts):
+            raise AOGPTError("a blend of orders needs at least two specs with weights >= 0 (not all 0)",
+                             "e.g. uniform*0.75+infill*0.25")
+        self.parts = [(sampler, w / total) for sampler, w in parts]
+        self.spec = "+".join(f"{sampler.spec}*{w:g}" for sampler, w in self.parts)
+        self.left_to_right = all(sampler.left_to_right for sampler, w in self.parts if w > 0)
+
+    def sample(self, batch, n, device="cpu", generator=None):
+        u = torch.rand(batch, 1, device=device, generator=generator)
+        edges = torch.tensor([w for _, w in self.parts], device=device).cumsum(0)
+        which = (u > edges[:-1]).sum(dim=1)  # the part each row reads
+        out = identity(batch, n, device).clone()
+        for k, (sampler, _) in enumerate(self.parts):
+            drawn = sampler.sample(batch, n, device, generator)
+            out = torch.where((which == k)[:, None], drawn, out)
+        return out
+
+
+def _blend(spec: str) -> Blend:
+    parts = []
+    for part in spec.split("+"):
+        inner, star, weight = part.strip().rpartition("*")
+        if not star or not inner:
+            raise AOGPTError(f"order blend {spec!r}: the part {part!r} has no weight",
+                             "write SPEC*WEIGHT parts joined by +, e.g. uniform*0.75+infill*0.25")
+        try:
+            w = float(_PROBABILITY.parse(weight))
+        except ValueError:
+            raise AOGPTError(f"order blend {spec!r}: the weight of {inner!r} must lie in [0, 1]",
+                             "e.g. uniform*0.75+infill*0.25") from None
+        parts.append((make_order_sampler(inner), w))
+    return Blend(parts)
+
+
 def make_order_sampler(spec: str) -> OrderSampler:
     """Parse an order spec (see the module docstring) into a sampler."""
     if isinstance(spec, OrderSampler):
@@ -269,6 +346,8 @@ def make_order_sampler(spec: str) -> OrderSampler:
         raise AOGPTError(f"order {spec} is chosen by the model while generating, not drawn in advance",
                          "use it to sample (aogpt sample --order " + spec + "); here use e.g. uniform or l2r")
     spec = ALIASES.get(spec, spec)
+    if "+" in spec:
+        return _blend(spec)
     name, _, rest = spec.partition(":")
     args = rest.split(":") if rest else []
     try:
@@ -292,6 +371,8 @@ def make_order_sampler(spec: str) -> OrderSampler:
             return Mallows(math.inf if inf else float(_arg(spec, "dispersion", _DISPERSION, args[0])))
         if name == "window" and len(args) == 1:
             return Window(int(_arg(spec, "window width", _WIDTH, args[0])))
+        if name == "infill" and len(args) <= 1:
+            return Infill(int(_arg(spec, "gap length", _WIDTH, args[0])) if args else None)
     except ValueError:
         pass
     raise AOGPTError(f"unknown order spec {spec!r}", f"use one of: {', '.join(ORDER_SPECS)}")
@@ -446,3 +527,31 @@ def is_left_to_right(order: str | OrderSampler | torch.Tensor | None) -> bool:
         except AOGPTError:  # an adaptive or unknown name: not a left-to-right order
             return False
     return order.left_to_right
+
+
+# ------------------------------------------------------------------ which slots read left to right
+def identity_run(order: torch.Tensor) -> torch.Tensor:
+    """(...,) the length of the leading identity run of `order` (..., n): how many of its first
+    steps read positions 0, 1, 2, ... in that order (n for left to right, usually 0 for a random order)."""
+    steps = torch.arange(order.shape[-1], device=order.device)
+    return (order == steps).long().cumprod(dim=-1).sum(dim=-1)
+
+
+def left_to_right_slots(pos: torch.Tensor, target: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, S) bool: the slots that read left to right (module docstring), from the slot layout of
+    `aogpt.model` (pos: the position of a slot's token + 1, 0 for the start slot; target: the position
+    it predicts). A slot continues left to right when it predicts the position right after its
+    token's (``target == pos``); it reads left to right when it does and every slot before it in its
+    chain did. `context` (B, S) bool says, per slot, whether the chain before it read left to right;
+    None: the slots are one chain from its start slot, in order (a forward over an order's slots)."""
+    here = target == pos
+    if context is None:
+        return here.long().cumprod(dim=-1).bool()
+    return here & context
+
+
+def gates(order: torch.Tensor) -> torch.Tensor:
+    """(B, n) bool: True for the slots of `order` that do not read left to right (they go through a
+    gated pathway), False for its leading identity run."""
+    steps = torch.arange(order.shape[-1], device=order.device)
+    return steps >= identity_run(order)[..., None]

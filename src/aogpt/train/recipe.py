@@ -71,10 +71,16 @@ def leftmost_share(sampler: object, n: int) -> float:
     yet read (rank 0 in `aogpt.orders.decode_ranks`), exactly: 1 for left to right, the mean over the m = n..1
     positions left of P(rank 0) for the samplers that draw ranks (uniform 1/m, Mallows (1 - q) / (1 - q^m)
     with q = e^-theta, window 1 / min(W, m)), a mixture's weighted, and a fixed permutation's own count."""
-    from aogpt.orders import Fixed, Mallows, Mixture, Uniform, Window
+    from aogpt.orders import Blend, Fixed, Infill, Mallows, Mixture, Uniform, Window
 
     if getattr(sampler, "left_to_right", False):
         return 1.0
+    if isinstance(sampler, Blend):
+        return sum(w * leftmost_share(part, n) for part, w in sampler.parts)
+    if isinstance(sampler, Infill):  # the prefix's and the gap's steps read the leftmost unread position, the suffix's
+        # not (its first step skips the gap): a + L of n steps, the start a uniform on 0..n-L
+        lengths = sampler.gap_lengths(n)
+        return sum((n - g) / 2 + g for g in lengths) / len(lengths) / n
     if isinstance(sampler, Uniform):
         return _mean_over_remaining(n, lambda m: 1.0 / m)
     if isinstance(sampler, Mixture):
@@ -91,7 +97,7 @@ def leftmost_share(sampler: object, n: int) -> float:
         later_smaller = (perm[None, :] < perm[:, None]).triu(diagonal=1).sum(1)  # each step's rank
         return int((later_smaller == 0).sum()) / n
     raise AOGPTError(f"order {getattr(sampler, 'spec', sampler)!r} has no known leftmost share",
-                     "use l2r, uniform, mixture, mallows, window, fixed-random or blockwise orders")
+                     "use l2r, uniform, mixture, mallows, window, fixed-random, blockwise, infill orders or blends")
 
 
 def _mean_over_remaining(n: int, p_rank0) -> float:
