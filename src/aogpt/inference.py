@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from aogpt import capability
+from aogpt.pathway import DeltaLinear
 
 DECODE_PATH = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "lm_head")
 MIN_ROWS_HINT = 2  # packed for one row, oneDNN's kernel is not row-invariant (module docstring)
@@ -64,6 +65,23 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+class PackedDeltaLinear(PackedLinear):
+    """A gated model's linear layer (`aogpt.pathway.DeltaLinear`) with both its weights packed: the
+    source's W, and W + dW for the pathway's rows (``forward(x, pathway=True)``)."""
+
+    gated = True
+
+    def __init__(self, linear: nn.Linear, rows_hint: int):
+        super().__init__(linear, rows_hint)
+        with torch.no_grad():
+            self.pathway = torch.ops.mkldnn._reorder_linear_weight(linear.pathway_weight().detach().contiguous(),
+                                                                   max(rows_hint, MIN_ROWS_HINT))
+
+    def forward(self, x: torch.Tensor, pathway: bool = False) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.pathway if pathway else self.packed, self.bias, "none", [],
+                                                  "")
 
 
 Kept = tuple[list[tuple[torch.Tensor, int]], Any]
@@ -109,5 +127,6 @@ def _packed(model: nn.Module, rows_hint: int) -> nn.Module:
         for child_name, child in list(module.named_children()):
             full = f"{name}.{child_name}" if name else child_name
             if isinstance(child, nn.Linear) and full.endswith(DECODE_PATH):
-                setattr(module, child_name, PackedLinear(child, rows_hint))
+                packer = PackedDeltaLinear if isinstance(child, DeltaLinear) else PackedLinear
+                setattr(module, child_name, packer(child, rows_hint))
     return clone.eval()

@@ -550,6 +550,16 @@ def left_to_right_slots(pos: torch.Tensor, target: torch.Tensor, context: torch.
     return here & context
 
 
+def step_gates(run: torch.Tensor, seq: torch.Tensor, read: torch.Tensor, pos: torch.Tensor,
+               target: torch.Tensor) -> torch.Tensor:
+    """The gates of a decode step's slots (any shape, True: through the pathway): a slot of sequence `seq`
+    has read `read` tokens of its chain (its content is chain slot `read`: a query holds the pending
+    slot's), whose leading identity run is ``run[seq]`` (`identity_run` of the chain, or of its decided
+    part); it reads left to right when those tokens are positions 0..read-1 in order (read <= run) and it
+    continues them (`left_to_right_slots`)."""
+    return ~left_to_right_slots(pos, target, read <= run[seq])
+
+
 def gates(order: torch.Tensor) -> torch.Tensor:
     """(B, n) bool: True for the slots of `order` that do not read left to right (they go through a
     gated pathway), False for its leading identity run."""

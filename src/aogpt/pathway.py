@@ -87,6 +87,11 @@ class DeltaLinear(nn.Linear):
         return super().extra_repr() + f", delta rank={self.rank or 'full'}"
 
 
+def is_gated(model: object) -> bool:
+    """Whether a model (or a decode runner: anything with a ``config``) has a gated pathway."""
+    return getattr(getattr(model, "config", None), "pathway", "shared") == "gated"
+
+
 def linear(cfg, in_features: int, out_features: int, bias: bool) -> nn.Linear:
     """A block's linear layer: plain, or with a gated delta when the model's pathway is gated."""
     if getattr(cfg, "pathway", "shared") == "gated":
@@ -116,8 +121,9 @@ def freeze_source(model: nn.Module) -> None:
 class RowSplit:
     """The rows of a forward (B, S) split by gate: ``source`` rows (gate 0) and ``pathway`` rows (gate
     1). `split` takes a (B, S, ...) tensor to the two groups' rows ((R0, ...), (R1, ...); a group
-    without rows is None), `join` puts them back. When every row is in one group nothing is gathered
-    or copied: that group's rows are the tensor itself, (B, S, ...)."""
+    without rows is None), `join` puts them back. A row is computed the same way whichever rows share
+    its forward (the premise of batch invariance): always as one of the (R, ...) rows of its group;
+    when every row is in one group those are a view of the tensor, nothing gathered or copied."""
 
     def __init__(self, gate: torch.Tensor):
         self.shape = tuple(gate.shape)
@@ -136,19 +142,22 @@ class RowSplit:
     def has_pathway(self) -> bool:
         return self.pure != "source"
 
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """`x` (B, S, ...) as rows (B * S, ...)."""
+        return x.reshape(-1, *x.shape[len(self.shape):])
+
     def split(self, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        flat = self.rows(x)
         if self.pure == "source":
-            return x, None
+            return flat, None
         if self.pure == "pathway":
-            return None, x
-        flat = x.reshape(-1, *x.shape[len(self.shape):])
+            return None, flat
         return flat.index_select(0, self.source_rows), flat.index_select(0, self.pathway_rows)
 
     def join(self, source: torch.Tensor | None, pathway: torch.Tensor | None) -> torch.Tensor:
-        if self.pure == "source":
-            return source
-        if self.pure == "pathway":
-            return pathway
+        if self.pure is not None:
+            rows = source if self.pure == "source" else pathway
+            return rows.view(*self.shape, *rows.shape[1:])
         rows = source.shape[0] + pathway.shape[0]
         dtype = torch.promote_types(source.dtype, pathway.dtype)
         out = source.new_empty((rows, *source.shape[1:]), dtype=dtype)
@@ -156,10 +165,10 @@ class RowSplit:
         return out.view(*self.shape, *source.shape[1:])
 
     def select(self, values: torch.Tensor) -> torch.Tensor:
-        """The pathway rows of a per-row tensor (B, S, ...) (all of it when every row is one)."""
-        if self.pure == "pathway":
-            return values
-        return values.reshape(-1, *values.shape[len(self.shape):]).index_select(0, self.pathway_rows)
+        """The pathway rows of a per-row tensor (B, S, ...)."""
+        flat = self.rows(values)
+        return flat if self.pure == "pathway" else flat.index_select(0, self.pathway_rows)
 
 
-__all__ = ["DELTA_NAMES", "PATHWAYS", "DeltaLinear", "RowSplit", "call", "freeze_source", "is_pathway", "linear"]
+__all__ = ["DELTA_NAMES", "PATHWAYS", "DeltaLinear", "RowSplit", "call", "freeze_source", "is_gated", "is_pathway",
+           "linear"]

@@ -44,7 +44,7 @@ def supports(model: nn.Module) -> bool:
     cfg = model.config
     return (next(model.parameters()).device.type == "cpu" and cfg.causal and cfg.positions == "learned"
             and cfg.target in ("none", "input", "adaln") and cfg.kv_heads == cfg.n_head
-            and cfg.mlp in ("gelu", "gelu-tanh"))
+            and cfg.mlp in ("gelu", "gelu-tanh") and cfg.pathway == "shared")
 
 
 class _Norm:

@@ -49,6 +49,8 @@ from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
 from aogpt.generation.streams import SequenceStreams
 from aogpt.kv_cache import PackedSlots, RaggedSlots, additive, ragged_layout, ragged_steps, step_mask, step_rows
+from aogpt.orders import identity_run, step_gates
+from aogpt.pathway import is_gated
 from aogpt.sampling import SamplingConfig, sample_tokens
 
 
@@ -78,14 +80,16 @@ class Step:
     padded: int
     pick: torch.Tensor | None = None  # which of the selected rows are real (padded layout only)
     draws: np.ndarray | None = None  # the sequence of each revealed token, in the order they are drawn
+    gate: torch.Tensor | None = None  # a gated model's slots through its pathway (`aogpt.orders.step_gates`)
 
 
 class _Planner:
     """Turns per-step counts into `Step`s, tracking each sequence's decided (g) and cached (L) slots."""
 
     def __init__(self, B: int, n: int, m: int, use_cache: bool, pos: torch.Tensor, tgt: torch.Tensor,
-                 dtype: torch.dtype, static: bool = False, layout: str = "buckets"):
+                 dtype: torch.dtype, static: bool = False, layout: str = "buckets", run: torch.Tensor | None = None):
         self.B, self.n, self.use_cache, self.pos, self.tgt, self.dtype = B, n, use_cache, pos, tgt, dtype
+        self.run = run  # a gated model's: the identity run of every chain (`aogpt.orders.identity_run`)
         self.layout = layout
         self.static = static and use_cache
         self.dev = pos.device
@@ -94,6 +98,13 @@ class _Planner:
 
     def _t(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.dev)
+
+    def _gate(self, seq: np.ndarray, read: np.ndarray, pos: torch.Tensor, target: torch.Tensor) -> torch.Tensor | None:
+        """The rows' gates for a gated model (None for any other): rows (numpy, the shape of `pos`) of
+        sequences `seq` whose content is chain slot `read`."""
+        if self.run is None:
+            return None
+        return step_gates(self.run, self._t(np.array(seq)), self._t(np.array(read)), pos, target.expand(pos.shape))
 
     def plan(self, counts: np.ndarray) -> list[Step]:
         """The `Step` of every step of `counts` (B, T) that reveals something. Uniform steps are built
@@ -148,11 +159,12 @@ class _Planner:
         Q = np.bincount(qstep, minlength=T)
         qfirst = np.cumsum(Q) - Q
         out = []
+        gate = self._gate(b, content, pos_t, tgt_t)
         for t in range(T):
             r0, r1, q0, q1 = int(first_row[t]), int(first_row[t] + R[t]), int(qfirst[t]), int(qfirst[t] + Q[t])
             out.append(Step(gather[r0:r1][None], pos_t[r0:r1][None], tgt_t[r0:r1][None], layouts[t][2], None,
                             select[q0:q1][None], dest[q0:q1], chain_at[q0:q1], int(Q[t]), int(R[t]), 0,
-                            draws=qb[q0:q1]))
+                            draws=qb[q0:q1], gate=None if gate is None else gate[r0:r1][None]))
         return out
 
     def _uniform(self, k: int, L: int, g: int) -> Step:
@@ -171,10 +183,11 @@ class _Planner:
             mask = additive(step_mask(cols_t, g, n + 1)[None, None], self.dtype)
         else:
             mask = None if S == 1 else additive(step_mask(cols_t, g, L + S)[None, None], self.dtype)
-        return Step(self._t(b * (n + 2) + content), self.pos[:, self._t(content)], self.tgt[:, cols_t], where, mask,
-                    select,
+        pos, tgt = self.pos[:, self._t(content)], self.tgt[:, cols_t]
+        return Step(self._t(b * (n + 2) + content), pos, tgt, where, mask, select,
                     self._t(b * (n + 2) + query + 1).reshape(-1), self._t(b * n + query).reshape(-1),
-                    B * k, B * S, 0, draws=np.repeat(np.arange(B), k))
+                    B * k, B * S, 0, draws=np.repeat(np.arange(B), k),
+                    gate=self._gate(np.broadcast_to(b, (B, S)), np.broadcast_to(content, (B, S)), pos, tgt))
 
     def _packed(self, k: np.ndarray, L: np.ndarray) -> Step:
         """Ragged counts: the real rows of all sequences in one row dimension, bucketed by width for
@@ -186,9 +199,10 @@ class _Planner:
         query = col >= g[b]
         b_t, col_t = self._t(b), self._t(col)
         qb, qcol = b[query], col[query]
-        return Step(self._t(b * (n + 2) + content)[None], self.pos[b_t, self._t(content)][None],
-                    self.tgt[b_t, col_t][None], where, mask, self._t(np.nonzero(query)[0])[None],
-                    self._t(qb * (n + 2) + qcol + 1), self._t(qb * n + qcol), int(query.sum()), len(b), 0, draws=qb)
+        pos, tgt = self.pos[b_t, self._t(content)][None], self.tgt[b_t, col_t][None]
+        return Step(self._t(b * (n + 2) + content)[None], pos, tgt, where, mask, self._t(np.nonzero(query)[0])[None],
+                    self._t(qb * (n + 2) + qcol + 1), self._t(qb * n + qcol), int(query.sum()), len(b), 0, draws=qb,
+                    gate=self._gate(b[None], content[None], pos, tgt))
 
     def _padded(self, k: np.ndarray) -> Step:
         """Ragged counts without a cache: every decided slot recomputed, sequences padded to (B, W)."""
@@ -205,20 +219,23 @@ class _Planner:
         select = np.where(real, g[:, None] + j, 0)
         qb, qj = np.nonzero(real)
         qcol = g[qb] + qj
-        return Step(self._t(b * (n + 2) + content), self.pos.gather(1, self._t(content)),
-                    self.tgt.gather(1, cols_t), 0, mask, self._t(select), self._t(qb * (n + 2) + qcol + 1),
-                    self._t(qb * n + qcol), len(qb), int(sizes.sum()), B * W - int(sizes.sum()),
-                    self._t(qb * Q + qj), draws=qb)
+        pos, tgt = self.pos.gather(1, self._t(content)), self.tgt.gather(1, cols_t)
+        return Step(self._t(b * (n + 2) + content), pos, tgt, 0, mask, self._t(select),
+                    self._t(qb * (n + 2) + qcol + 1), self._t(qb * n + qcol), len(qb), int(sizes.sum()),
+                    B * W - int(sizes.sum()), self._t(qb * Q + qj), draws=qb,
+                    gate=self._gate(np.broadcast_to(b, (B, W)), content, pos, tgt))
 
 
 def plan_steps(counts: np.ndarray, m: int, use_cache: bool, pos: torch.Tensor, tgt: torch.Tensor,
-               dtype: torch.dtype = torch.float32, static: bool = False, layout: str = "buckets") -> list[Step]:
+               dtype: torch.dtype = torch.float32, static: bool = False, layout: str = "buckets",
+               run: torch.Tensor | None = None) -> list[Step]:
     """Every forward of a batch decoded with `counts` (B, T) revealed per step, `m` known tokens first
     (attention masks in `dtype`). Steps that reveal nothing run no forward (pending catch-ups wait).
     `static`: uniform steps get shapes that do not grow with the cache (for a compiled step).
-    `layout`: how a ragged step's attention runs (`aogpt.kv_cache.LAYOUTS`)."""
+    `layout`: how a ragged step's attention runs (`aogpt.kv_cache.LAYOUTS`). `run`: for a gated model
+    (`aogpt.pathway`), the identity run of every chain order: each step then carries its slots' gates."""
     B, n = pos.shape[0], pos.shape[1] - 1
-    return _Planner(B, n, m, use_cache, pos, tgt, dtype, static, layout).plan(counts)
+    return _Planner(B, n, m, use_cache, pos, tgt, dtype, static, layout, run).plan(counts)
 
 
 def compiled(fn: Callable, how: bool | str, device: torch.device, dynamic: bool = True) -> Callable:
@@ -256,7 +273,8 @@ class DecoderSampler:
         static = bool(settings.compile) and use_cache
         self.cache = model.setup_cache(B, n + 1, settings.attention) if use_cache else None
         mask_dtype = self.cache.k.dtype if use_cache else next(model.parameters()).dtype  # what attention runs in
-        self.steps = plan_steps(plan, m, use_cache, pos, tgt, mask_dtype, static, ragged_layout(model))
+        run = identity_run(chain) if is_gated(model) else None
+        self.steps = plan_steps(plan, m, use_cache, pos, tgt, mask_dtype, static, ragged_layout(model), run)
         # compiled: the uniform steps, whose shapes are fixed (`static`: full-cache masks, columns as
         # tensors); ragged Lemma 4.1 steps change shape every step and run eagerly
         self.forward = compiled(model.forward_slots, settings.compile, dev, dynamic=not static)
@@ -291,9 +309,9 @@ class DecoderSampler:
         draws = self._uniforms(cfg, streams)
         for step, u in zip(self.steps, draws, strict=True):
             forward = self.eager if isinstance(step.cache_pos, (RaggedSlots, PackedSlots)) else self.forward
-            logits = forward(flat[step.gather], step.pos, step.target, attn_mask=step.mask,
-                                              cache=self.cache, cache_pos=step.cache_pos, select=step.select,
-                                              conditions=self.conditions)
+            logits = forward(flat[step.gather], step.pos, step.target, attn_mask=step.mask, cache=self.cache,
+                             cache_pos=step.cache_pos, select=step.select, conditions=self.conditions,
+                             **({} if step.gate is None else {"gate": step.gate}))
             logits = logits.reshape(-1, logits.shape[-1])
             if step.pick is not None:
                 logits = logits[step.pick]
