@@ -48,7 +48,7 @@ def source_and_gated(rank: int = 2, vocab: int = 11, block: int = 10, seed: int 
     src = Source("gpt run", {k: getattr(cfg, k) for k in BACKBONE_FIELDS}, state, None, "")
     gated = build(src, "aogpt", target_dim=8, pathway="gated", rank=rank, seed=seed)
     with torch.no_grad():
-        for name, p in gated.named_parameters():
+        for p in gated.parameters():
             if p.requires_grad:
                 p.normal_(0.0, 0.5)
     return gpt.to(dtype).eval(), gated.to(dtype).eval()
@@ -181,8 +181,8 @@ def test_batch_of_one_and_of_eight_sample_the_same():
 
 
 def test_speculative_and_adaptive_decoding_and_infilling_run_on_a_gated_model():
-    from tests.generation.test_speculative import chi2, exact_law
     from aogpt.sampling import SamplingConfig
+    from tests.generation.test_speculative import chi2, exact_law
 
     V, n, N = 4, 4, 20000
     model = tiny_gated("aogpt", rank=2, vocab=V, block=n, scale=0.5, seed=3)
