@@ -102,6 +102,24 @@ def add_parser(subparsers: Any) -> None:
     run_flags(sp, checkpoints=False)
     sp.set_defaults(func=run_speculative)
 
+    gt = sub.add_parser("gated", help="generation with a gated pathway against its source and an AO-GPT",
+                        description="A GPT, the same GPT adapted to AO-GPT with a gated pathway (aogpt adapt "
+                        "--pathway gated) and with a shared one: the gated model's step left to right against the "
+                        "GPT's, and in a random order against the shared AO-GPT's, one token per step, side by side in "
+                        "this process (random weights of the quickstart model's shape); writes DIR/gated.md and "
+                        ".json.")
+    gt.add_argument("--n", type=int_arg(ge=2, le=4096), default=128, help="sequence length (default 128)")
+    gt.add_argument("--batch", type=int_arg(ge=1, le=4096), default=8, help="sequences per batch (default 8)")
+    gt.add_argument("--rank", type=_rank, default=0, metavar="R|full",
+                    help="the gated pathway's delta rank (default full)")
+    gt.add_argument("--width", type=int_arg(ge=16, le=8192), default=192, help="model width (default 192)")
+    gt.add_argument("--repeats", type=int_arg(ge=1, le=1000), default=5,
+                    help="interleaved rounds, medians reported (default 5)")
+    gt.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="weights' precision (default fp32)")
+    run_flags(gt, checkpoints=False, device=False)
+    gt.add_argument("--threads", type=THREADS, default=1, metavar="N", help="CPU threads for torch (default 1)")
+    gt.set_defaults(func=run_gated)
+
     t = sub.add_parser("train", help="training-step throughput of gpt, sigma, aogpt and encoder-mdm",
                        description="Time the real training step (forward, backward, AdamW, EMA) of every variant at "
                        "equal size, interleaved, with ratios to gpt; writes DIR/train.md and .json.")
@@ -234,6 +252,41 @@ def run_generate(args: argparse.Namespace) -> int:
     from aogpt.bench.generate_report import to_markdown
 
     return report(args, "bench generate", result, to_markdown(result))
+
+
+def _rank(text: str) -> int:
+    from aogpt.cli.adapt import _rank as rank
+
+    return rank(text)
+
+
+def run_gated(args: argparse.Namespace) -> int:
+    from aogpt.bench.common import write_outputs
+    from aogpt.bench.gated import CONTENDERS, bench_gated, to_markdown
+
+    setup(args)
+    n, batch, repeats, width = (16, 2, 1, 32) if args.quick else (args.n, args.batch, args.repeats, args.width)
+    if args.dtype == "bf16":
+        import torch
+
+        from aogpt.capability import can_pack
+
+        if not can_pack(torch.bfloat16):
+            raise AOGPTError("this CPU has no bf16 matrix units", "time --dtype fp32")
+    bar, update = progress_bar(repeats * len(CONTENDERS), args, "bench gated")
+    done = [0]
+
+    def tick(key: str) -> None:
+        done[0] += 1
+        update(done[0], key)
+
+    try:
+        result = bench_gated(n=n, batch=batch, repeats=repeats, rank=args.rank, width=width, seed=args.seed,
+                             dtype=args.dtype, progress=tick)
+    finally:
+        bar.close()
+    result["files"] = write_outputs(args.out, "gated", to_markdown(result), result)
+    return report(args, "bench gated", result, to_markdown(result))
 
 
 def run_speculative(args: argparse.Namespace) -> int:

@@ -44,7 +44,7 @@ def supports(model: nn.Module) -> bool:
     cfg = model.config
     return (next(model.parameters()).device.type == "cpu" and cfg.causal and cfg.positions == "learned"
             and cfg.target in ("none", "input", "adaln") and cfg.kv_heads == cfg.n_head
-            and cfg.mlp in ("gelu", "gelu-tanh") and cfg.pathway == "shared")
+            and cfg.mlp in ("gelu", "gelu-tanh"))
 
 
 class _Norm:
@@ -225,6 +225,10 @@ def build(model: nn.Module) -> SmallStepModel:
     p = next(model.parameters())
     shapes = Shapes(cfg.n_embd, model.transformer.h[0].mlp.c_fc.out_features, cfg.vocab_size, cfg.n_head,
                     cfg.head_dim, cfg.block_size + 2)
+    if cfg.pathway == "gated":  # two sets of kernels, the source's and the pathway's (`aogpt.decode.gated`)
+        from aogpt.decode.gated import GatedStepModel
+
+        return GatedStepModel(model, choose(shapes, p.dtype, p.device))
     return SmallStepModel(model, choose(shapes, p.dtype, p.device))
 
 
