@@ -474,8 +474,8 @@ def run(data_root: Path, work: Path, *, steps: int = 1000, finetune: tuple[int, 
         Study(data_root, work, seed, steps, eval_bytes=eval_bytes, curve_every=curve_every, width=width)  # the data
         paths = [p for p in ("scratch", "scratch-sf", "l2r") if p in only]
         paths += list(candidates) if "candidates" in only else []
-        tasks = [(s, "source") for s in range(seed, seed + seeds) if "source" in only or paths]
-        tasks += [(s, p) for s in range(seed, seed + seeds) for p in paths]
+        tasks = [(s, "source", 0) for s in range(seed, seed + seeds) if "source" in only or paths]
+        tasks += [(s, p, f) for f in sorted(finetune) for s in range(seed, seed + seeds) for p in paths]
         options = dict(steps=steps, finetune=tuple(finetune), eval_bytes=eval_bytes, curve_every=curve_every,
                        width=width, save_every=save_every, threads=torch.get_num_threads(),
                        progress=progress is not None)
@@ -508,11 +508,11 @@ def run(data_root: Path, work: Path, *, steps: int = 1000, finetune: tuple[int, 
     return result
 
 
-def _path_task(task: tuple[Path, Path, int, str, dict[str, Any]]) -> str:
-    """One seed's path, with all its F, in a worker process of its own (`run` with jobs > 1)."""
+def _path_task(task: tuple[Path, Path, int, str, int, dict[str, Any]]) -> str:
+    """One seed's path at one F in a worker process of its own (`run` with jobs > 1)."""
     import sys
 
-    data_root, work, seed, path, options = task
+    data_root, work, seed, path, f, options = task
     torch.set_num_threads(options["threads"])
 
     def say(line: str) -> None:
@@ -521,20 +521,18 @@ def _path_task(task: tuple[Path, Path, int, str, dict[str, Any]]) -> str:
     study = Study(data_root, work, seed, options["steps"], eval_bytes=options["eval_bytes"],
                   curve_every=options["curve_every"], width=options["width"], save_every=options["save_every"],
                   progress=say if options["progress"] else None)
-    finetune = options["finetune"]
-    for f in ([0] if path == "source" else finetune):
-        _job(study, path, f, finetune)
+    _job(study, path, f, options["finetune"])
     return f"{path} (seed {seed})"
 
 
-def _in_processes(data_root: Path, work: Path, tasks: list[tuple[int, str]], options: dict[str, Any],
+def _in_processes(data_root: Path, work: Path, tasks: list[tuple[int, str, int]], options: dict[str, Any],
                   jobs: int) -> None:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     context = multiprocessing.get_context("spawn")  # a fresh interpreter per worker: no forked torch state
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        for _ in pool.map(_path_task, [(data_root, work, s, p, options) for s, p in tasks]):
+        for _ in pool.map(_path_task, [(data_root, work, s, p, f, options) for s, p, f in tasks]):
             pass
 
 
