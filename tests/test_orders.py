@@ -312,3 +312,54 @@ def test_a_run_resolves_shares_against_its_horizon():
     assert make_curriculum(cfg.curriculum, cfg.order, steps=cfg.decay_steps).resolved == "l2r@20,mallows:4..0.5@100"
     extended = train_config(None, "aogpt", curriculum="l2r@10%", max_steps=400, schedule_steps=200)
     assert make_curriculum(extended.curriculum, extended.order, steps=extended.decay_steps).resolved == "l2r@20"
+
+
+def test_infilling_orders_read_a_prefix_the_text_after_a_gap_then_the_gap():
+    from aogpt.orders import INFILL_SPANS, identity_run
+
+    n = 40
+    orders = draw("infill", batch=500, n=n)
+    assert torch.equal(check_permutation(orders, n), orders)
+    lengths = set()
+    for o in orders.tolist():
+        run = next((i for i, p in enumerate(o) if p != i), n)
+        rest = o[run:]
+        if not rest:  # the gap ran to the end: the whole order is left to right
+            continue
+        k = rest.index(run)  # the gap starts where the prefix ends, and is read last
+        suffix, gap = rest[:k], rest[k:]
+        assert gap == list(range(run, run + len(gap))) and suffix == list(range(run + len(gap), n))
+        lengths.add(len(gap))
+    assert lengths <= {min(g, n) for g in INFILL_SPANS} | {0} and {8, 32} <= lengths
+    fixed = draw("infill:5", batch=200, n=12)
+    assert all(sorted(o[12 - 5:]) == o[12 - 5:] and o[-1] - o[-5] == 4 for o in fixed.tolist())
+    assert (identity_run(fixed) >= 0).all() and make_order_sampler("infill:5").spec == "infill:5"
+
+
+def test_a_blend_draws_each_order_kind_in_its_share():
+    n, batch = 8, 20000
+    orders = draw("uniform*0.7+l2r*0.3", batch=batch, n=n)
+    l2r = (orders == torch.arange(n)).all(1).float().mean().item()
+    expected = 0.3 + 0.7 / math.factorial(n)
+    assert abs(l2r - expected) < 5 * math.sqrt(expected * (1 - expected) / batch)
+    assert make_order_sampler("uniform*3+infill*1").spec == "uniform*0.75+infill*0.25"
+    assert is_left_to_right("l2r*0.5+mallows:inf*0.5") and not is_left_to_right("l2r*0.5+uniform*0.5")
+    for bad in ("uniform+infill", "uniform*-1+infill*1", "uniform*0+infill*0", "uniform*0.5", "uniform*0.5+nope*0.5"):
+        with pytest.raises(AOGPTError):
+            make_order_sampler(bad)
+
+
+def test_the_gate_is_the_leading_identity_run_however_it_is_computed():
+    from aogpt.model import Transformer
+    from aogpt.orders import gates, identity_run, left_to_right_slots, step_gates
+    from aogpt.config import model_config
+
+    n = 9
+    orders = draw("uniform*0.4+infill:3*0.4+l2r*0.2", batch=300, n=n)
+    model = Transformer(model_config("aogpt", preset="tiny", vocab_size=11, block_size=n))
+    tokens, pos, target = model.slots_for_order(torch.zeros(300, n, dtype=torch.long), orders)
+    assert torch.equal(~left_to_right_slots(pos, target), gates(orders))
+    run = identity_run(orders)
+    rows = torch.arange(300)[:, None].expand(300, n)
+    assert torch.equal(step_gates(run, rows, torch.arange(n).expand(300, n), pos, target), gates(orders))
+    assert torch.equal(gates(orders).sum(1), n - run)

@@ -73,6 +73,7 @@ _BLOCK = Range(ge=2, le=2**20, integer=True)
 _PROBABILITY = Range(ge=0, le=1)
 _DISPERSION = Range(ge=0, le=1e6)  # exp(-1e6) underflows: larger is left to right; "inf" is accepted too
 _WIDTH = Range(ge=1, le=2**20, integer=True)
+_WEIGHT = Range(ge=0, le=1e6)  # a blend's part: weights are normalised
 
 ORDER_SPECS = ("l2r", "uniform", "mixture[:P]", "fixed-random[:SEED]", "blockwise[:K[:SEED]]", "mallows:THETA",
                "window:W", "infill[:L]", "SPEC*W+SPEC*W")
@@ -330,9 +331,9 @@ def _blend(spec: str) -> Blend:
             raise AOGPTError(f"order blend {spec!r}: the part {part!r} has no weight",
                              "write SPEC*WEIGHT parts joined by +, e.g. uniform*0.75+infill*0.25")
         try:
-            w = float(_PROBABILITY.parse(weight))
+            w = float(_WEIGHT.parse(weight))
         except ValueError:
-            raise AOGPTError(f"order blend {spec!r}: the weight of {inner!r} must lie in [0, 1]",
+            raise AOGPTError(f"order blend {spec!r}: the weight of {inner!r} must be a number >= 0",
                              "e.g. uniform*0.75+infill*0.25") from None
         parts.append((make_order_sampler(inner), w))
     return Blend(parts)
