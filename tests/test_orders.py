@@ -350,9 +350,9 @@ def test_a_blend_draws_each_order_kind_in_its_share():
 
 
 def test_the_gate_is_the_leading_identity_run_however_it_is_computed():
+    from aogpt.config import model_config
     from aogpt.model import Transformer
     from aogpt.orders import gates, identity_run, left_to_right_slots, step_gates
-    from aogpt.config import model_config
 
     n = 9
     orders = draw("uniform*0.4+infill:3*0.4+l2r*0.2", batch=300, n=n)
