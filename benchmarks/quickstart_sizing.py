@@ -16,8 +16,9 @@ Compute levels (each run is one process with one thread):
 A "10-minute budget" is turned into steps per (width, level) once, by `calibrate`: the compiled
 training step's median CPU time measured with `aogpt bench train` at one thread (CPU time, because a
 one-thread step's CPU time is its time on a quiet machine, whatever else the shared machine runs), and
-the steps that fit 600 s less 45 s for compiling (README's runs measured 34 s and 57 s) and 5% for
-validation and checkpoints (what a 10-minute `aogpt train --max-minutes 10` spends besides steps).
+the steps that fit 600 s less 45 s for compiling (the fixed-size quickstart's runs of 2026-11-27
+compiled in 34 s and 57 s) and 5% for validation and checkpoints (what a 10-minute `aogpt train
+--max-minutes 10` spends besides steps).
 The runs then train that many steps, so the shared machine's load (other jobs) cannot bias them;
 several run side by side (``--jobs``).
 

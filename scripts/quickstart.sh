@@ -68,7 +68,8 @@ aogpt train --preset "$PRESET" --variant aogpt --data "$DATA" --out "$RUN" --max
   esac
 done
 
-step "3/5 evaluate the EMA weights on the held-out text (lower is better; bits per byte compare across tokenizers)"
+step "3/5 evaluate the EMA weights on the whole held-out text (lower is better; bits per byte compare across tokenizers)"
+echo "(the validation that training printed read only its first batches; these figures are the model's)"
 aogpt eval --checkpoint "$RUN" --data "$DATA" --order l2r,random --num-orders 1 --seed "$SEED" --json \
   | while IFS= read -r line; do
       case $line in

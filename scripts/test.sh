@@ -10,10 +10,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh --tests
 CPU_CLASS_TESTS=(tests/test_capability.py tests/test_precision.py tests/test_inference.py tests/test_attention.py
-                 tests/generation/test_precision.py tests/generation/test_generate.py tests/bench/test_generate.py
+                 tests/generation/test_precision.py tests/generation/test_generate.py tests/bench/generation/test_generate.py
                  tests/cli/test_precision_flags.py tests/cli/test_sample.py tests/decode/test_decode.py
                  tests/generation/test_seeds.py tests/bench/test_roofline.py tests/test_kv_cache.py
-                 tests/bench/test_gpu.py::test_the_correctness_part_on_the_cpu_passes_and_skips_the_cuda_checks)
+                 tests/bench/gpu/test_run.py::test_the_correctness_part_on_the_cpu_passes_and_skips_the_cuda_checks)
 lesser=0
 if [ "$#" -eq 0 ] && [ "$(uname -m)" = x86_64 ] && grep -qw avx2 /proc/cpuinfo 2>/dev/null; then
   echo "== the CPU-dependent tests as on an AVX2-only CPU (AOGPT_CPU=avx2)"

@@ -31,6 +31,7 @@ from aogpt.families.encoder import (
     validation_losses,
     weighted_losses,
 )
+from aogpt.generation import laws
 from aogpt.generation.generate import generate, infill
 from aogpt.model import Transformer
 from aogpt.train import RandomTokens, Trainer
@@ -262,16 +263,8 @@ def exact_joint(model: Transformer, n: int, V: int, plans: list[tuple[float, lis
 
 
 def chi2_pvalue(tokens: torch.Tensor, V: int, probs: np.ndarray) -> float:
-    """Chi-square goodness of fit; outcomes expected fewer than 5 times are pooled into one cell."""
-    n = tokens.shape[1]
-    codes = (tokens * (V ** torch.arange(n - 1, -1, -1))).sum(1).numpy()
-    observed = np.bincount(codes, minlength=V ** n)
-    expected = probs / probs.sum() * observed.sum()
-    small = expected < 5
-    obs, exp = observed[~small], expected[~small]
-    if small.any():
-        obs, exp = np.append(obs, observed[small].sum()), np.append(exp, expected[small].sum())
-    return float(stats.chisquare(obs, exp).pvalue)
+    """Chi-square goodness of fit (`aogpt.generation.laws`); outcomes expected fewer than 5 times are pooled."""
+    return laws.chi2_pvalue(tokens, probs, V=V)
 
 
 def test_sampler_one_token_per_step_matches_the_exact_joint():

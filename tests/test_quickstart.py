@@ -50,6 +50,13 @@ def test_quickstart_end_to_end_tells_the_truth(tmp_path, make_corpus):
     assert any("left to right, ema weights: loss" in line and "bits/byte" in line for line in lines)
     assert any("order=l2r" in line and "bits/byte" in line for line in lines)
     assert any("order=random" in line and "bits/byte" in line for line in lines)
+    # which held-out figure is which: training's validation names how much it read, step 3 reads it all
+    heading = next(line for line in lines if line.startswith("validation on the "))
+    scored = next(line for line in lines if "order=l2r" in line).split("tokens ")[1].split()[0]
+    whole = f"of the held-out text's {int(scored):,} tokens"
+    assert (heading.startswith("validation on the first ") and whole in heading
+            or heading == f"validation on the whole held-out text ({int(scored):,} tokens):"), heading
+    assert any(line.startswith("== 3/5 evaluate the EMA weights on the whole held-out text") for line in lines)
     # three samples, each labelled with how it was made
     for label in ("-- left to right:", "-- random order:", "-- infilling:"):
         assert any(line.startswith(label) for line in lines), label

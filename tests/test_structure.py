@@ -14,7 +14,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -400,3 +400,80 @@ def test_readme_layout_tree_names_every_top_level_module_and_nothing_else() -> N
     listed = readme_layout()
     assert listed == present, f"README lists but src lacks {sorted(listed - present)}; src has but README lacks " \
                               f"{sorted(present - listed)}"
+
+
+# ------------------------------------------------------------------------------ the benchmark rooms
+BENCH = "aogpt.bench"
+MAX_ROOM_MODULES = 15
+# A room may use another room's code only where listed here: the GPU check times generation's own
+# benchmark (`aogpt.bench.generation.generate.bench_generate`, and transformers' GPT-2 beside it).
+ROOM_USES = {("aogpt.bench.gpu", "aogpt.bench.generation")}
+
+
+def rooms(src: Path = SRC, bench: str = BENCH) -> dict[str, list[str]]:
+    """``{room: its modules}`` for every sub-package of `bench`, and ``{bench: its shared modules}``
+    (the modules directly in it; ``__init__`` not counted)."""
+    folder = src.joinpath(*bench.split("."))
+    out = {bench: sorted(p.stem for p in folder.glob("*.py") if p.name != "__init__.py")}
+    for init in sorted(folder.glob("*/__init__.py")):
+        out[f"{bench}.{init.parent.name}"] = sorted(p.relative_to(init.parent).with_suffix("").as_posix()
+                                                    for p in init.parent.rglob("*.py") if p.name != "__init__.py")
+    return out
+
+
+def room_of(module: str, bench: str = BENCH) -> str | None:
+    """The room of a module of `bench` (``aogpt.bench.gpu`` for ``aogpt.bench.gpu.run``), `bench` itself
+    for a shared module (``aogpt.bench.common``), None outside `bench`."""
+    if not in_package(module, bench):
+        return None
+    parts = module.split(".")
+    depth = len(bench.split("."))
+    if len(parts) == depth + 1 and (SRC.joinpath(*parts) / "__init__.py").is_file():
+        return module  # a room's package
+    return ".".join(parts[: depth + 1]) if len(parts) > depth + 1 else bench
+
+
+def wrong_room_imports(graph: dict[str, set[str]], bench: str = BENCH, allowed: set[tuple[str, str]] = ROOM_USES,
+                       room: Callable[[str], str | None] | None = None) -> list[str]:
+    """Imports between rooms of `bench` not in `allowed`, and shared modules importing a room (the shared
+    ones sit below every room)."""
+    room = room or (lambda m: room_of(m, bench))
+    wrong = []
+    for module, targets in graph.items():
+        a = room(module)
+        for target in sorted(targets):
+            b = room(target)
+            if a is None or b is None or a == b or b == bench:
+                continue
+            if a == bench or (a, b) not in allowed:
+                wrong.append(f"{module} -> {target}")
+    return sorted(wrong)
+
+
+def test_room_checker_sees_rooms_importing_each_other() -> None:
+    graph = {"b.x.m": {"b.common", "b.y.n"}, "b.y.n": {"b.common"}, "b.common": {"b.x.m"}, "other": {"b.x.m"},
+             "b.z.k": {"b.x.m"}}
+
+    def room(m: str) -> str | None:
+        return None if not m.startswith("b.") else m.rsplit(".", 1)[0] if m.count(".") == 2 else "b"
+
+    assert wrong_room_imports(graph, "b", set(), room) == ["b.common -> b.x.m", "b.x.m -> b.y.n", "b.z.k -> b.x.m"]
+    assert wrong_room_imports(graph, "b", {("b.x", "b.y"), ("b.z", "b.x")}, room) == ["b.common -> b.x.m"]
+
+
+def test_bench_rooms_hold_at_most_15_modules() -> None:
+    found = rooms()
+    assert {"aogpt.bench.generation", "aogpt.bench.training", "aogpt.bench.serve", "aogpt.bench.gpu"} <= set(found)
+    assert "environment" in found[BENCH] and "run" in found["aogpt.bench.gpu"]  # the counter sees the modules
+    big = {room: len(modules) for room, modules in found.items() if len(modules) > MAX_ROOM_MODULES}
+    assert not big, f"rooms over {MAX_ROOM_MODULES} modules: {big} (split the room, or move shared code up)"
+
+
+def test_bench_rooms_import_each_other_only_through_the_shared_modules() -> None:
+    """A room uses the shared modules of `aogpt.bench` (common, environment, limits, ...) and library code,
+    not another room (except where `ROOM_USES` says so); the shared modules import no room."""
+    graph = import_graph()
+    wrong = wrong_room_imports(graph)
+    assert not wrong, "bench rooms importing each other: " + ", ".join(wrong)
+    used = {(room_of(m), room_of(t)) for m, ts in graph.items() for t in ts}
+    assert ROOM_USES <= used, f"allowed but unused (drop them): {sorted(ROOM_USES - used)}"

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from aogpt.compiling import CHOICES as COMPILE_CHOICES
+from aogpt.curriculum import make_curriculum
 from aogpt.errors import AOGPTError, check_choice
 from aogpt.families import family
-from aogpt.orders import Mallows, make_curriculum, make_order_sampler
+from aogpt.orders import Mallows, make_order_sampler
 from aogpt.pathway import PATHWAYS
 from aogpt.precision import AUTOCAST, canonical
 from aogpt.validation import SEED_MAX, bounded, check_ranges
@@ -166,7 +167,7 @@ class TrainConfig:
     # The first N optimizer steps read every sequence left to right, then `order`: a short run otherwise spends
     # its first hundreds of steps at the unigram loss before it learns to use the target position (docs/training.md).
     l2r_first_steps: int = bounded(0, ge=0, le=STEPS_MAX)
-    # Order distributions before `order` (aogpt.orders.Curriculum), e.g. "l2r@100,mallows:4..0.05@600": from
+    # Order distributions before `order` (aogpt.curriculum.Curriculum), e.g. "l2r@100,mallows:4..0.05@600": from
     # left to right towards the run's order, so the target pathway is learned step by step (docs/training.md).
     curriculum: str = ""
     lr_schedule: str = "cosine"  # cosine, or wsd: warm-up, constant, decay over the last decay_share (train.schedule)
@@ -260,7 +261,8 @@ GATED_RECIPE: dict[str, Any] = dict(
 GATED_WHY = ("the recipe measured for a gated pathway in docs/adapt.md: only the new pathway trains, read left to "
              "right the model stays its source")
 ADAPT_WHY = ("the recipe measured for adapted checkpoints in docs/adapt.md: it keeps the source's left-to-right "
-             "quality while the new target pathway learns the other orders")
+             "quality, at the price of the other orders: in the runs measured, a random order stayed on the unigram "
+             "plateau")
 
 # Named presets: model sizes and the training recipe that goes with them.
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from aogpt import capability
-from aogpt.pathway import DeltaLinear
+from aogpt.pathway import DeltaLinear, is_gated
 
 DECODE_PATH = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "lm_head")
 MIN_ROWS_HINT = 2  # packed for one row, oneDNN's kernel is not row-invariant (module docstring)
@@ -114,7 +114,12 @@ def for_inference(model: nn.Module, rows_hint: int = 8, path: str = "fast") -> A
     kept = _KEPT.setdefault(model, {})
     if key in kept and _unchanged(model, kept[key][0]):
         return kept[key][1]
-    built = runner.build(model) if fast else _packed(model, rows_hint)
+    if fast and is_gated(model):  # the source's kernels and the pathway's
+        from aogpt.decode.gated import GatedStepModel
+
+        built = runner.build(model, GatedStepModel)
+    else:
+        built = runner.build(model) if fast else _packed(model, rows_hint)
     kept[key] = ([(p.detach(), p._version) for p in model.parameters()], built)
     return built
 

@@ -48,7 +48,7 @@ from aogpt.errors import AOGPTError
 from aogpt.functional import token_nll
 from aogpt.kv_cache import Conditions, KVCache, PackedSlots
 from aogpt.orders import left_to_right_slots
-from aogpt.pathway import DELTA_NAMES, DeltaLinear, RowSplit, freeze_source, linear
+from aogpt.pathway import DELTA_NAMES, DeltaLinear, freeze_source, gated_forward, linear
 
 
 def sinusoids(n: int, dim: int, std: float) -> torch.Tensor:
@@ -163,43 +163,6 @@ class Block(nn.Module):
         x = torch.addcmul(x, gate_a, self.attn(h, attn_mask, cache, cache_pos, rope, kernel))
         h = self.ln_2.modulate(x, shift_m, scale_m)
         return torch.addcmul(x, gate_m, self.mlp(h))
-
-    def forward_gated(self, parts: tuple[torch.Tensor | None, torch.Tensor | None], cond: Any, split: RowSplit,
-                      attn_mask: torch.Tensor | AttentionMask | None, cache: KVCache | None,
-                      cache_pos: int | torch.Tensor | PackedSlots | None = None,
-                      rope: tuple[torch.Tensor, torch.Tensor] | None = None, kernel: str = "auto"
-                      ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """A gated model's block (`aogpt.pathway`): `parts` are the rows of the source's slots and of the
-        pathway's (`split`); the source's are computed by its own norms and weights, exactly as the source's
-        block computes them, the pathway's by the modulated norms (`cond`: their adaLN rows) and W + dW.
-        They meet in attention only."""
-        x0, x1 = parts
-        if callable(cond):
-            cond = cond(self)
-        h0 = None if x0 is None else self.ln_1(x0)
-        h1 = None
-        if x1 is not None:
-            if self.adaptive:
-                shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = \
-                    cond if isinstance(cond, tuple) else cond.chunk(6, -1)
-                h1 = self.ln_1.modulate(x1, shift_a, scale_a)
-            else:
-                h1 = self.ln_1(x1)
-        attn = self.attn
-        qkv = split.join(None if h0 is None else attn.c_attn(h0), None if h1 is None else attn.c_attn(h1, True))
-        y0, y1 = split.split(attn.mix(qkv, attn_mask, cache, cache_pos, rope, kernel))
-        if x0 is not None:
-            x0 = x0 + attn.resid_dropout(attn.c_proj(y0))
-            x0 = x0 + self.mlp(self.ln_2(x0))
-        if x1 is not None:
-            a1 = attn.resid_dropout(attn.c_proj(y1, True))
-            if self.adaptive:
-                x1 = torch.addcmul(x1, gate_a, a1)
-                x1 = torch.addcmul(x1, gate_m, self.mlp(self.ln_2.modulate(x1, shift_m, scale_m), True))
-            else:
-                x1 = x1 + a1
-                x1 = x1 + self.mlp(self.ln_2(x1), True)
-        return x0, x1
 
 
 class FinalLayer(nn.Module):
@@ -399,8 +362,8 @@ class Transformer(nn.Module):
                     raise AOGPTError("a gated model's cached step needs each slot's gate",
                                      "pass gate= (aogpt.orders.left_to_right_slots)")
                 gate = ~left_to_right_slots(pos.expand(tokens.shape), target.expand(tokens.shape))
-            return self._forward_gated(x, target, gate.expand(tokens.shape), attn_mask, cache, cache_pos, select,
-                                       conditions, rope, kernel)
+            return gated_forward(self, x, target, gate.expand(tokens.shape), attn_mask, cache, cache_pos, select,
+                                 conditions, rope, kernel)
         for block, cond in zip(self.transformer.h, self._block_conditions(target, conditions), strict=True):
             x = block(x, cond, attn_mask, cache, cache_pos, rope, kernel)
         if select is not None:
@@ -412,40 +375,6 @@ class Transformer(nn.Module):
         else:
             x = self.transformer.ln_f(x)
         return self.lm_head(x)
-
-    def _forward_gated(self, x: torch.Tensor, target: torch.Tensor, gate: torch.Tensor, attn_mask: Any, cache: Any,
-                       cache_pos: Any, select: torch.Tensor | None, conditions: Conditions | None, rope: Any,
-                       kernel: str) -> torch.Tensor:
-        """`forward_slots` of a gated model: the source's slots (gate 0) and the pathway's (gate 1) apart
-        wherever rows are computed one by one, together in attention (`aogpt.pathway`)."""
-        cfg, tr = self.config, self.transformer
-        target = target.expand(gate.shape)
-        split = RowSplit(gate)
-        x0, x1 = split.split(x)
-        conds: list[Any] = [None] * len(tr.h)
-        if split.has_pathway:
-            wanted = split.select(target)
-            if cfg.target == "input":
-                x1 = x1 + embed_target(tr.wtpe, wanted)
-            else:
-                conds = self._block_conditions(wanted, conditions)
-        for block, cond in zip(tr.h, conds, strict=True):
-            x0, x1 = block.forward_gated((x0, x1), cond, split, attn_mask, cache, cache_pos, rope, kernel)
-        x = split.join(x0, x1)
-        if select is not None:
-            x = x.gather(1, select.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-            target, gate = target.gather(1, select), gate.gather(1, select)
-            split = RowSplit(gate)
-        h0, h1 = split.split(x)
-        if cfg.target == "adaln":
-            final = tr.final_layer
-            h0 = None if h0 is None else final.ln_f(h0)
-            if h1 is not None:
-                h1 = final(h1, self._adaptive(final, split.select(target), None if conditions is None
-                                              else conditions.final))
-        else:
-            h0, h1 = (None if h is None else tr.ln_f(h) for h in (h0, h1))
-        return self.lm_head(split.join(h0, h1))
 
     def slots_for_order(self, idx: torch.Tensor, order: torch.Tensor, with_last_slot: bool = False
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

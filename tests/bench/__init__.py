@@ -1,6 +1,6 @@
-"""Tests of `aogpt.bench`, one file per module. No timing is asserted (timed unit tests are flaky on
-shared machines): only structure, the work each contender does, the reported ratios' arithmetic and
-the values computed on the way."""
+"""Tests of `aogpt.bench`, one file per module, in sub-folders that mirror its rooms. No timing is
+asserted (timed unit tests are flaky on shared machines): only structure, the work each contender
+does, the reported ratios' arithmetic and the values computed on the way."""
 
 from aogpt.bench.common import Size
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from aogpt.bench.generate import bench_generate
+from aogpt.bench.generation.generate import bench_generate
 from aogpt.bench.limits import memory_bandwidth, rate_at
 from aogpt.bench.roofline import StepBytes, cache_read_columns, decode_weight_bytes, decoder_bytes, roofline
 from aogpt.config import model_config

@@ -6,6 +6,14 @@ import pytest
 import torch
 
 
+def recorded(env: dict, precision: list[str] | None) -> bool:
+    """The report carries the shared environment record (`aogpt.bench.environment`), finished."""
+    from aogpt import capability
+
+    return (env["cpu_class"] == capability.cpu_class() and env["precision"] == precision
+            and {"threads", "torch", "load_average", "load_average_after"} <= set(env))
+
+
 @pytest.fixture(autouse=True)
 def restore_threads():
     """`--threads` sets torch's global thread count; keep it from leaking into other tests."""
@@ -36,6 +44,7 @@ def test_generate_quick_json(cli, tmp_path):
     assert "| T | aogpt (wall / CPU) |" in res.out and "What this run shows:" in res.out
     for name in ("generate.md", "generate.json", "generate.png"):
         assert (tmp_path / name).is_file()
+    assert recorded(summary["environment"], ["auto"]) and "CPU class" in res.out
 
 
 def test_generate_subset_of_methods_and_sizes(cli, tmp_path):
@@ -52,10 +61,12 @@ def test_density_and_train_quick_json(cli, tmp_path):
     res = cli("bench", "density", "--quick", "--threads", "1", "--out", tmp_path, "--json", "--no-progress")
     assert res.code == 0, res.err
     assert res.json["forwards_per_sequence"]["encoder-mdm"] == 32 and (tmp_path / "density.md").is_file()
+    assert recorded(res.json["environment"], ["fp32"])
     res = cli("bench", "train", "--quick", "--threads", "1", "--variants", "gpt,aogpt", "--out", tmp_path, "--json",
               "--no-progress")
     assert res.code == 0, res.err
     assert res.json["variants"] == ["gpt", "aogpt"] and (tmp_path / "train.md").is_file()
+    assert recorded(res.json["environment"], ["auto"])
 
 
 def test_eval_quick_json(cli, tmp_path):
@@ -66,7 +77,7 @@ def test_eval_quick_json(cli, tmp_path):
     assert s["command"] == "bench eval" and s["n"] == 32 and s["batch"] == 4 and s["members"] == 3
     contenders = {"train", "eval-l2r", "eval-random", "ensemble-base", "ensemble"}
     assert set(s["seconds"]) == set(s["cpu_seconds"]) == set(s["contenders"]) == contenders
-    assert s["environment"]["threads"] == 1 and "load_average" in s["environment"]
+    assert s["environment"]["threads"] == 1 and recorded(s["environment"], ["fp32"])
     for by, sec in (("ratios", s["seconds"]), ("cpu_ratios", s["cpu_seconds"])):
         assert s[by]["train/eval-l2r"] == pytest.approx(sec["train"] / sec["eval-l2r"])
         assert s[by]["train/eval-random"] == pytest.approx(sec["train"] / sec["eval-random"])
@@ -88,7 +99,7 @@ def test_prepare_local_corpus_json(cli, tmp_path, make_corpus):
     assert set(s["seconds"]) == set(s["cpu_seconds"]) == {"prepare"} and len(s["cpu_runs"]["prepare"]) == 2
     assert s["tokens_per_second"] == pytest.approx(s["tokens"] / s["seconds"]["prepare"])
     assert s["targets"][0]["value"] == pytest.approx(s["seconds"]["prepare"] / 10)
-    assert "load_average" in s["environment"] and (tmp_path / "out" / "prepare.md").is_file()
+    assert recorded(s["environment"], None) and (tmp_path / "out" / "prepare.md").is_file()
 
 
 def test_prepare_workers_bench_json(cli, tmp_path):

@@ -67,7 +67,7 @@ def test_dry_run_plan_fits_8_minutes_at_h100_rates(cli, tmp_path):
 
 
 def test_a_broken_part_is_reported_and_the_exit_status_says_so(cli, tmp_path, monkeypatch):
-    from aogpt.bench import gpu
+    from aogpt.bench.gpu import run as gpu
 
     def fine(ctx):
         ctx.check("fine", 0.0, 1.0)

@@ -73,22 +73,22 @@ STAND_INS = [  # where each command's work begins, after every check
     "aogpt.evaluation.evaluate.evaluate",  # eval
     "aogpt.evaluation.genppl.score_samples",
     "aogpt.data.prepared.write_splits",  # prepare, bench prepare
-    "aogpt.bench.generate.build_model",
-    "aogpt.bench.density.build_model",
-    "aogpt.bench.eval.build_model",
+    "aogpt.bench.generation.generate.build_model",
+    "aogpt.bench.generation.density.build_model",
+    "aogpt.bench.training.eval.build_model",
     "aogpt.train.Trainer",  # bench train
-    "aogpt.bench.prepare.synthetic_corpus",
-    "aogpt.bench.speculative.bench_speculative",
-    "aogpt.bench.adaptive.bench_adaptive",
+    "aogpt.bench.training.prepare.synthetic_corpus",
+    "aogpt.bench.generation.speculative.bench_speculative",
+    "aogpt.bench.generation.adaptive.bench_adaptive",
     "aogpt.reproduce.pipeline.prepare_data",
-    "aogpt.bench.recipe.sweep",
-    "aogpt.bench.recipe.thread_speedup",
-    "aogpt.bench.adapt.run",
+    "aogpt.bench.training.recipe.sweep",
+    "aogpt.bench.training.recipe.thread_speedup",
+    "aogpt.bench.training.adapt.run",
     "aogpt.adaptation.read_source",  # adapt
     "aogpt.hf.harness.AOGPTLM",
     "aogpt.serve.engine.Engine",  # serve
-    "aogpt.bench.serve.bench_serve",
-    "aogpt.bench.gpu.Run",  # bench gpu
+    "aogpt.bench.serve.clients.bench_serve",
+    "aogpt.bench.gpu.run.Run",  # bench gpu
 ]
 
 

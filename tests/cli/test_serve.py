@@ -22,3 +22,11 @@ def test_the_server_binds_the_loopback_interface_by_default():
 
     args = build_parser().parse_args(["serve", "--checkpoint", "run"])
     assert args.host == "127.0.0.1"
+
+
+def test_serve_takes_a_seed_for_unseeded_requests(cli):
+    result = cli("serve", "--help")
+    assert result.code == 0 and "a request's own seed always wins" in " ".join(result.out.split())
+    result = cli("serve", "--checkpoint", "nowhere", "--seed", "-1")
+    assert result.code == 2 and "Traceback" not in result.err
+    assert result.err.strip().splitlines()[-1].startswith("error: ")

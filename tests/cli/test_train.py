@@ -57,6 +57,13 @@ def test_train_json_summary_checkpoint_and_plot(cli, bytes_data, tmp_path):
     assert "orders: mixture:0.1; learning rate: warm-up 5 steps to 0.003, cosine decay to 0.0003 at step 4" \
         in result.out
     assert summary["bpb/l2r/ema"] > 0 and summary["planned_steps"] == 4 and summary["stopped_by"] == "max_steps"
+    # the validation reads the first batches of the held-out text, and says so (`aogpt eval` reads it all)
+    from aogpt.data import PreparedData
+
+    scored, whole = summary["val_tokens"], summary["val_split_tokens"]
+    assert scored == 2 * 8 * 32 and whole == PreparedData(bytes_data).num_tokens("val") // 32 * 32 > scored
+    assert f"validation on the first {scored:,} of the held-out text's {whole:,} tokens (2 batches; aogpt eval " \
+           "scores them all):" in result.out
     from aogpt.precision import auto_precision
 
     assert f"precision: {auto_precision('cpu')[1]} (fp32 weights and optimizer state)" in result.out

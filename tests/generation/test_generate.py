@@ -1,8 +1,9 @@
 """Generator correctness, each against an independent computation.
 
-The reference for every logit the generator produces is `reference_logits`: a plain causal forward
-over the chain (start token, then the tokens decided before the step, in order) whose last slot is
-the pending token with the queried target. No cache, no custom mask, no padding.
+The reference for every logit the generator produces is `reference_logits` (`aogpt.generation.laws`,
+which the GPU check also uses): a plain causal forward over the chain (start token, then the tokens
+decided before the step, in order) whose last slot is the pending token with the queried target. No
+cache, no custom mask, no padding.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ import pytest
 import torch
 from scipy import stats
 
-from aogpt.bench import gpu_checks
 from aogpt.config import model_config
 from aogpt.errors import AOGPTError
+from aogpt.generation import laws
 from aogpt.generation.generate import generate, infill
+from aogpt.generation.laws import reference_logits
 from aogpt.generation.streams import SequenceStreams
 from aogpt.model import Transformer
 from aogpt.sampling import SamplingConfig, sample_tokens
@@ -37,22 +39,6 @@ def tiny_model(variant: str = "aogpt", vocab: int = 11, block: int = 12, n_embd:
         for p in model.parameters():
             p.normal_(0.0, scale)
     return model.to(dtype).eval()
-
-
-def reference_logits(model: Transformer, chain: torch.Tensor, y: torch.Tensor, context: int, target: int
-                     ) -> torch.Tensor:
-    """Logits for chain position `target` given the first `context` chain tokens: one causal forward.
-
-    chain: (n,) positions in decision order; y: (n,) or (X, n) tokens in chain order.
-    """
-    ys = y.reshape(-1, y.shape[-1])
-    X = ys.shape[0]
-    tokens = torch.cat([torch.full((X, 1), -1), ys[:, :context]], 1)
-    pos = torch.cat([torch.tensor([0]), chain[:context] + 1]).expand(X, context + 1)
-    tgt = torch.cat([chain[:context], chain[target:target + 1]]).expand(X, context + 1)
-    with torch.no_grad():
-        out = model.forward_slots(tokens, pos, tgt)[:, -1]
-    return out.reshape(*y.shape[:-1], -1)
 
 
 def boundaries(known: int, counts: torch.Tensor) -> list[int]:
@@ -143,13 +129,13 @@ def test_reference_generator_fixture(dtype, atol):
 def exact_joint(model: Transformer, n: int, V: int, plans: list[tuple[float, list[int]]]) -> np.ndarray:
     """p(x) for every x in V^n: mean over all n! orders, sum over step plans, of the product of the
     conditionals each step samples from (the enumeration `aogpt bench gpu` checks a device's sampler with)."""
-    return gpu_checks.exact_joint(model, plans, n=n, V=V)
+    return laws.exact_joint(model, plans, n=n, V=V)
 
 
 def chi2_pvalue(tokens: torch.Tensor, V: int, probs: np.ndarray, min_expected: float = 5.0) -> float:
     """Pearson's chi-square of the sample's joint counts against `probs`, cells expected fewer than
-    `min_expected` times pooled, a draw of probability 0 failing outright (`aogpt.bench.gpu_checks`)."""
-    return gpu_checks.chi2_pvalue(tokens, probs, V=V, min_expected=min_expected)
+    `min_expected` times pooled, a draw of probability 0 failing outright (`aogpt.generation.laws`)."""
+    return laws.chi2_pvalue(tokens, probs, V=V, min_expected=min_expected)
 
 
 def tiny_model_in(dtype: torch.dtype, variant: str, **kw) -> Transformer:

@@ -38,7 +38,7 @@ def random_float32(n_layer: int = 2, n_head: int = 2, n_embd: int = 32, block_si
 def slow_loaded() -> SimpleNamespace:
     """A random model of the quickstart's size with the bytes tokenizer: long enough requests to
     interrupt (about a second for 128 positions one per step), and room for every prompt of the
-    mixed load (`aogpt.bench.serve_load`)."""
+    mixed load (`aogpt.bench.serve.load`)."""
     from aogpt.data.tokenizer import ByteTokenizer
 
     return SimpleNamespace(model=random_float32(n_layer=4, n_head=3, n_embd=192, block_size=128, vocab=320, seed=3),

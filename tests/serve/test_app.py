@@ -401,3 +401,27 @@ def test_a_stuck_engine_is_reported_and_its_clients_still_get_503_in_time():
         assert r.status_code == 503 and "deadline of 0.5 s" in r.json()["error"]["message"], r.text
         assert 2.0 <= took < 6.0, took
         assert health.status_code == 503 and health.json()["engine"] == "stuck" == health.json()["status"]
+
+
+def test_the_server_seed_decides_the_seeds_of_unseeded_requests(tiny_loaded):
+    """`aogpt serve --seed S`: the k-th request without a seed gets the k-th draw of S (the same on a
+    restarted server, so the same answers); a request's own seed wins; without S every draw is fresh."""
+    import random
+
+    from aogpt.serve import Engine, EngineLimits
+    from aogpt.serve.app import create_app
+    from tests.serve.conftest import ThreadServer
+
+    def answers(seed: int | None) -> list[tuple[int, str]]:
+        engine = Engine(tiny_loaded.model, EngineLimits())
+        with ThreadServer(create_app(engine, tiny_loaded.tokenizer, "tiny", seed=seed)) as srv:
+            asked = {"prompt": "the ", "max_tokens": 12}
+            url = f"http://127.0.0.1:{srv.port}"
+            bodies = [post(url, body).json() for body in (asked, {**asked, "seed": 4}, asked)]
+        return [(b["aogpt"]["seed"], b["choices"][0]["text"]) for b in bodies]
+
+    first, again, fresh = answers(7), answers(7), answers(None)
+    draws = random.Random(7)
+    assert [s for s, _ in first] == [draws.getrandbits(62), 4, draws.getrandbits(62)]
+    assert first == again and first[0] != first[2]
+    assert fresh[1] == first[1] and {fresh[0][0], fresh[2][0]}.isdisjoint({first[0][0], first[2][0]})

@@ -314,10 +314,10 @@ def test_health_tells_busy_from_stuck_without_the_engine_lock():
 
 
 def test_the_mixed_load_without_http_gets_offline_tokens_under_cancellations():
-    """The six request kinds of the serving soak (`aogpt.bench.serve_load.KINDS`), four seeds each,
+    """The six request kinds of the serving soak (`aogpt.bench.serve.load.KINDS`), four seeds each,
     32 at a time from 8 submitting threads, a quarter cancelled mid-way by their owner: every job
     ends (result or 503), and every result is offline `generate()`'s."""
-    from aogpt.bench.serve_load import KINDS
+    from aogpt.bench.serve.load import KINDS
     from aogpt.serve.protocol import CompletionRequest, to_generate
     from tests.serve.conftest import slow_loaded
 

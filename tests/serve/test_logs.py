@@ -6,7 +6,7 @@ ignored SIGTERM, at 0% CPU. A stack dump of the stopped process showed the event
 engine's thread idle: the output was a pipe that nobody read after the server's first line, and a
 pipe holds 64 KiB, about 960 access lines. The reproduction below leaves the pipe full from the start
 (the test fills it after reading the first line, instead of waiting for 960 requests), then sends
-the mixed load of `aogpt.bench.serve_load`: before the fix no request after the first was answered
+the mixed load of `aogpt.bench.serve.load`: before the fix no request after the first was answered
 and SIGTERM did nothing; now every request is answered, /health answers, and SIGTERM exits 0.
 """
 
@@ -23,7 +23,7 @@ import time
 import httpx
 import pytest
 
-from aogpt.bench.serve_load import MixedLoad, Workload, summarize
+from aogpt.bench.serve.load import MixedLoad, Workload, summarize
 from aogpt.serve.logs import STDERR, STDOUT, ServerOutput
 from tests.serve.conftest import start_server
 

@@ -71,3 +71,18 @@ def test_random_tokens_have_no_bytes() -> None:
     mc = model_config("gpt", preset="tiny", vocab_size=24)
     trainer = Trainer(mc, train_config("tiny", "gpt", eval_batches=1), RandomTokens(24), None, show_progress=False)
     assert set(trainer.evaluate()) == {"val/l2r/raw", "val/l2r/ema"}
+
+
+def test_coverage_counts_the_tokens_scored_and_the_whole_split(bytes_data) -> None:
+    """`coverage` says how much of the held-out text the last validation read: the first `eval_batches`
+    batches, or all of it when they reach past its end (then both counts are the split's whole windows)."""
+    data = PreparedData(bytes_data)
+    mc = model_config("aogpt", preset="tiny", vocab_size=data.padded_vocab_size)
+    windows = sum(len(shard) // mc.block_size for shard in data.shards("val")) * mc.block_size
+    for batches, scored in ((3, 3 * 4 * mc.block_size), (10**6, windows)):
+        trainer = Trainer(mc, train_config("tiny", "aogpt", eval_batches=batches, batch_size=4), data, None,
+                          show_progress=False)
+        trainer.evaluate()
+        direct = sum(idx.numel() for idx in data.iter_eval_batches("val", 4, mc.block_size, batches))
+        assert trainer.validation.coverage() == {"val_tokens": scored, "val_batches": batches,
+                                                 "val_split_tokens": windows} and direct == scored

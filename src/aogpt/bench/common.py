@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -190,34 +189,6 @@ def interleaved_medians(calls: dict[Any, Callable[[], Any]], device: torch.devic
     """Median wall seconds of every call and every run's seconds: `interleaved_timings` by wall time."""
     t = interleaved_timings(calls, device, repeats, long_run, progress)
     return t.wall, t.wall_runs
-
-
-def environment(device: torch.device) -> dict[str, Any]:
-    """Where the numbers come from: they mean little without it."""
-    env: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
-                           "cpus": os.cpu_count(), "python": platform.python_version(),
-                           "machine": platform.machine()}
-    if device.type == "cuda":
-        env["gpu"] = torch.cuda.get_device_name(device)
-    if hasattr(os, "getloadavg"):
-        env["load_average"] = [round(x, 2) for x in os.getloadavg()]
-    return env
-
-
-def describe_environment(env: dict[str, Any]) -> str:
-    """One line for the report, with a warning when the machine was busier than it has CPUs: torch's
-    threads then wait on each other and timings swing by an order of magnitude."""
-    line = f"Device {env['device']}, {env['threads']} threads, torch {env['torch']}"
-    load = env.get("load_average")
-    if load is not None:
-        line += f", load average {load}"
-    line += "."
-    if load is not None and env.get("cpus") and env["device"] == "cpu" and load[0] > env["cpus"]:
-        line += f" **Warning: the machine was busy (load {load[0]} on {env['cpus']} CPUs); timings are unreliable."
-        if env.get("threads", 1) > 1:
-            line += " On a shared machine `--threads 1` avoids thread over-subscription."
-        line += "**"
-    return line
 
 
 def fmt_seconds(s: float | None) -> str:

@@ -1,5 +1,7 @@
-"""What the `aogpt bench` subcommands share: checked number types, the size and run flags, the
-output folder and thread choice, the progress bar, and the report printed at the end."""
+"""What the `aogpt bench` subcommands share: checked number types, the size and run flags (and the
+size they give), the output folder and thread choice, the progress bar, and the report printed at the
+end. Each room's benchmarks are registered in its own file (cli/bench_generation.py, bench_training.py,
+bench_serve.py, bench_gpu.py); cli/bench.py only builds `aogpt bench` and calls them."""
 
 from __future__ import annotations
 
@@ -10,12 +12,14 @@ from typing import Any
 
 from aogpt.cli.common import add_common, config_arg, emit_json, finite_float, int_arg, path_arg, progress
 from aogpt.config import ModelConfig
+from aogpt.errors import AOGPTError
 
 LENGTH = config_arg(ModelConfig, "block_size")  # tokens per sequence: a model context
 REPEATS = int_arg(ge=1, le=1000)  # runs per measurement (or timed steps)
 BATCH = int_arg(ge=1, le=2**20)
 THREADS = int_arg(ge=1, le=4096)
 LONG_RUN = finite_float(gt=0, le=1e6)  # seconds
+EPILOG = "Random weights by default (timing does not depend on them); see docs/benchmarks.md."
 
 
 def size_flags(p: argparse.ArgumentParser) -> None:
@@ -26,6 +30,29 @@ def size_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--heads", type=config_arg(ModelConfig, "n_head"), default=None, metavar="H", help="attention heads")
     g.add_argument("--vocab", type=config_arg(ModelConfig, "vocab_size"), default=None, metavar="V",
                    help="vocabulary size")
+
+
+def pick(value: Any, quick: dict[str, Any], key: str, default: Any, is_quick: bool) -> Any:
+    """A flag's value as given, else the quick configuration's (with --quick), else the default."""
+    if value is not None:
+        return value
+    return quick[key] if is_quick and key in quick else default
+
+
+def size_of(args: argparse.Namespace, quick: Any) -> Any:
+    """Size flags over the quick or default size; None (no flags, not quick): the checkpoints' size."""
+    from aogpt.bench.common import DEFAULT_SIZE, Size
+
+    flags = (args.layers, args.width, args.heads, args.vocab)
+    if all(f is None for f in flags):
+        return quick if args.quick else None
+    base = quick if args.quick else DEFAULT_SIZE
+    values = [f if f is not None else b
+              for f, b in zip(flags, (base.n_layer, base.n_embd, base.n_head, base.vocab_size), strict=True)]
+    if min(values) < 1 or values[1] % values[2]:
+        raise AOGPTError(f"bad model size (layers, width, heads, vocab) = {tuple(values)}",
+                         "use positive values and a width divisible by --heads")
+    return Size(*values)
 
 
 def run_flags(p: argparse.ArgumentParser, checkpoints: bool = True, device: bool = True) -> None:

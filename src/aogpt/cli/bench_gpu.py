@@ -1,4 +1,4 @@
-"""`aogpt bench gpu`: check and measure every GPU path in one run of under 8 minutes (`aogpt.bench.gpu`;
+"""`aogpt bench gpu`: check and measure every GPU path in one run planned for 8 minutes (`aogpt.bench.gpu.run`;
 docs/gpu.md). Exit status 0 when every check passed, 1 when one failed or a part broke, 2 on bad input."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from aogpt.cli.bench_common import run_flags, setup
 from aogpt.cli.common import emit_json
 from aogpt.errors import AOGPTError
 
-HELP = "check and measure every GPU path (correctness, Figure 5, training throughput, DDP/FSDP2) in < 8 minutes"
+HELP = "check and measure every GPU path (correctness, Figure 5, training throughput, DDP/FSDP2), planned for 8 minutes"
 
 
-def add_gpu_benchmark(sub: Any) -> None:
-    """Register `gpu` under `aogpt bench`."""
+def add_gpu(sub: Any) -> None:
+    """`aogpt bench gpu`."""
     g = sub.add_parser("gpu", help=HELP, description=(
         "On the first CUDA device: correctness checks (attention kernels, KV cache = recomputation in fp32 and "
         "bf16, a chi-square test of the sampler's law, likelihood and a training step against the CPU, a "
@@ -35,7 +35,7 @@ def add_gpu_benchmark(sub: Any) -> None:
 
 
 def _parts(spec: str | None) -> list[str] | None:
-    from aogpt.bench.gpu_plan import PARTS
+    from aogpt.bench.gpu.plan import PARTS
 
     if spec is None:
         return None
@@ -49,8 +49,8 @@ def _parts(spec: str | None) -> list[str] | None:
 def run_gpu(args: argparse.Namespace) -> int:
     import torch
 
-    from aogpt.bench.gpu_plan import FULL, QUICK, estimate
-    from aogpt.bench.gpu_report import plan_markdown
+    from aogpt.bench.gpu.plan import FULL, QUICK, estimate
+    from aogpt.bench.gpu.report import plan_markdown
 
     only = _parts(args.parts)
     plan = QUICK if args.quick else FULL
@@ -69,7 +69,7 @@ def run_gpu(args: argparse.Namespace) -> int:
         raise AOGPTError(f"the full plan needs a CUDA device, and this run has {device}",
                          "run it on a machine with a GPU, or pass --quick for the tiny plan on the CPU")
     setup(args)
-    from aogpt.bench.gpu import Run, default_parts
+    from aogpt.bench.gpu.run import Run, default_parts
     from aogpt.io import directory_lock
 
     parts = {p: f for p, f in default_parts().items() if only is None or p in only}
@@ -84,7 +84,7 @@ def run_gpu(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         close()
-    from aogpt.bench.gpu_report import to_markdown
+    from aogpt.bench.gpu.report import to_markdown
 
     print(to_markdown(summary))
     if summary["files"]:
@@ -134,3 +134,7 @@ def _reporter(total: int, args: argparse.Namespace) -> tuple[Any, Any]:
             bar.close()
 
     return say, close
+
+
+BENCHMARKS = {"gpu": add_gpu}
+"""Each benchmark of this room and what registers it under `aogpt bench` (cli/bench.py calls them)."""

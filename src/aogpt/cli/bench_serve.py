@@ -1,5 +1,5 @@
 """`aogpt bench serve`: the HTTP server under concurrent clients against the same requests one at a
-time, and a bounded soak (`aogpt.bench.serve`; docs/serve.md)."""
+time, and a bounded soak (`aogpt.bench.serve.clients`; docs/serve.md)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ MIXED = {"clients": 32, "duration": 600.0}  # the mixed soak's defaults (--quick
 MAX_CLIENTS = 256
 
 
-def add_serve_benchmark(sub: Any) -> None:
-    """Register `serve` under `aogpt bench`."""
+def add_serve(sub: Any) -> None:
+    """`aogpt bench serve`."""
     s = sub.add_parser("serve", help="the HTTP server: N concurrent clients against one request at a time",
                        description="Start `aogpt serve` on the loopback interface, send the same requests (each its "
                        "own seed) one at a time and from N concurrent clients, round after round: tokens/s, p50/p99 "
@@ -49,11 +49,11 @@ def add_serve_benchmark(sub: Any) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     import torch
 
-    from aogpt.bench.serve import QUICK, bench_serve, to_markdown
+    from aogpt.bench.serve.clients import QUICK, bench_serve, to_markdown
 
     setup(args)
     if args.workload == "mixed":
-        from aogpt.bench.serve_soak import to_markdown as soak_markdown
+        from aogpt.bench.serve.soak import to_markdown as soak_markdown
 
         clients = args.clients or (8 if args.quick else MIXED["clients"])
         duration = args.duration if args.duration is not None else 20.0 if args.quick else MIXED["duration"]
@@ -74,3 +74,7 @@ def run_serve(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     return report(args, "bench serve", result, to_markdown(result))
+
+
+BENCHMARKS = {"serve": add_serve}
+"""Each benchmark of this room and what registers it under `aogpt bench` (cli/bench.py calls them)."""

@@ -1,6 +1,7 @@
-"""`aogpt bench adaptive`, `aogpt bench recipe` and `aogpt bench adapt`: the benchmarks that train their own
-models (puzzle solving with adaptive orders; the recipe sweep behind the quickstart preset; adapting a trained
-GPT against AO-GPT from scratch)."""
+"""The training room of `aogpt bench` (`aogpt.bench.training`): `train` (training-step throughput of every
+variant), `eval` (evaluation against training, and an ensemble member's cost), `prepare` (the cost of
+`aogpt prepare`), `recipe` (which small training recipe learns most for a fixed compute) and `adapt`
+(adapting a trained GPT against AO-GPT from scratch). Behaviour and decisions: docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -9,60 +10,100 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from aogpt.cli.bench_common import progress_bar, report, run_flags, setup
-from aogpt.cli.common import config_arg, emit_json, finite_float, int_arg, path_arg
-from aogpt.config import ModelConfig
+from aogpt.cli.bench_common import (
+    BATCH,
+    EPILOG,
+    LENGTH,
+    LONG_RUN,
+    REPEATS,
+    THREADS,
+    pick,
+    progress_bar,
+    report,
+    run_flags,
+    setup,
+    size_flags,
+    size_of,
+    usable_precisions,
+)
+from aogpt.cli.common import emit_json, finite_float, int_arg, path_arg, positive_int
+from aogpt.cli.prepare import MAX_WORKERS
 from aogpt.errors import AOGPTError
-from aogpt.generation.settings import DecodePlan
-from aogpt.sampling import SamplingConfig
 
 
-def add_training_benchmarks(sub: Any) -> None:
-    """Register `adaptive`, `recipe` and `adapt` under `aogpt bench`."""
-    a = sub.add_parser("adaptive", help="puzzle solve rates with random, left-to-right and adaptive orders",
-                       description="Prepare a synthetic task, train AO-GPT (uniform orders) and the encoder-only MDM "
-                       "on it (a few CPU minutes each, or pass --checkpoint), solve fresh minimal puzzles with "
-                       "random, left-to-right and the adaptive orders confidence, margin and entropy over several "
-                       "seeds (95% Wilson intervals), and measure how much log p(x) differs across orders, also on "
-                       "text; writes DIR/adaptive.md, .json and .png. Trained runs are kept in --work and reused.")
-    a.add_argument("--task", default=None, help="synthetic task: walk (default), sudoku4 or sudoku6")
-    a.add_argument("--puzzles", type=int_arg(ge=1, le=10**6), default=None, help="puzzles per seed (default 200)")
-    a.add_argument("--seeds", type=int_arg(ge=1, le=1000), default=None,
-                   help="puzzle sets, each with its own seed (default 3)")
-    a.add_argument("--orders", default=None, metavar="O,O,...",
-                   help="random, l2r, confidence, margin, entropy (default: all)")
-    a.add_argument("--temperature", type=config_arg(SamplingConfig, "temperature"), default=None,
-                   help="sample the tokens at this temperature (default: greedy, the most likely token)")
-    a.add_argument("--candidates", type=config_arg(DecodePlan, "candidates"), default=None, metavar="C",
-                   help="adaptive orders score C random remaining positions per step (default: all)")
-    a.add_argument("--threshold", type=config_arg(DecodePlan, "threshold"), default=None, metavar="P",
-                   help="adaptive orders also reveal every position whose top probability is at least P")
-    a.add_argument("--train-steps", type=int_arg(ge=1, le=10**7), default=None, metavar="N",
-                   help="training steps of each model on the task (default 2500)")
-    a.add_argument("--layers", type=config_arg(ModelConfig, "n_layer"), default=None,
-                   help="blocks of the trained models (default 3)")
-    a.add_argument("--width", type=config_arg(ModelConfig, "n_embd"), default=None, help="their width (default 128)")
-    a.add_argument("--heads", type=config_arg(ModelConfig, "n_head"), default=None,
-                   help="their attention heads (default 4)")
-    a.add_argument("--no-text", action="store_true", help="skip the text model of the log-likelihood spread")
-    a.add_argument("--plain-start", action="store_true",
-                   help="train AO-GPT on uniform orders from the first step, without the any-order start "
-                   "(a curriculum from left to right; the default since it learns these tasks far sooner)")
-    a.add_argument("--text-steps", type=int_arg(ge=1, le=10**7), default=None, metavar="N",
-                   help="training steps of the small Shakespeare AO-GPT (default 600)")
-    a.add_argument("--text-checkpoint", type=path_arg, default=None, metavar="RUN",
-                   help="measure the spread on this text model instead (with --text-data)")
-    a.add_argument("--text-data", type=path_arg, default=None, metavar="DIR",
-                   help="prepared text for --text-checkpoint")
-    a.add_argument("--spread-orders", type=int_arg(ge=1, le=10**5), default=None, metavar="K",
-                   help="orders per sequence (default 16)")
-    a.add_argument("--spread-sequences", type=int_arg(ge=1, le=10**6), default=None, metavar="M",
-                   help="sequences whose spread is measured (default 64)")
-    a.add_argument("--work", type=path_arg, default=None, metavar="DIR",
-                   help="where data and trained runs are kept (default runs/bench-adaptive)")
-    run_flags(a)
-    a.set_defaults(func=run_adaptive)
+def add_train(sub: Any) -> None:
+    """`aogpt bench train`."""
+    t = sub.add_parser("train", help="training-step throughput of gpt, sigma, aogpt and encoder-mdm",
+                       description="Time the real training step (forward, backward, AdamW, EMA) of every variant at "
+                       "equal size, interleaved, with ratios to gpt; writes DIR/train.md and .json.")
+    t.add_argument("--block", type=LENGTH, default=None, help="tokens per sequence (default 256)")
+    t.add_argument("--batch", type=BATCH, default=None, help="sequences per step (default 8)")
+    t.add_argument("--variants", default=None, metavar="V,V,...", help="default gpt,sigma,aogpt,encoder-mdm")
+    t.add_argument("--steps", type=REPEATS, default=None, help="timed steps per variant, median reported (default 5)")
+    t.add_argument("--warmup", type=int_arg(ge=0, le=1000), default=None, help="untimed steps first (default 2)")
+    t.add_argument("--dtype", default="auto", metavar="P,P,...",
+                   help="precisions timed side by side: auto, fp32 (float32), bf16 (bfloat16), fp16 (float16) "
+                   "(default auto: bf16 where the hardware has bf16 units; one this CPU cannot compute in is "
+                   "skipped with a note)")
+    t.add_argument("--preset", default=None, help="time this preset's model and training recipe (e.g. quickstart; "
+                   "vocabulary from --vocab, default 512 with a preset)")
+    t.add_argument("--profile", action="store_true",
+                   help="also profile one step of each contender: share of time by operator kind")
+    t.add_argument("--paths", default="eager", metavar="P,P,...",
+                   help="how each step is run, timed side by side: eager (default: aogpt's kernels), compiled "
+                   "(torch.compile; its compile time is reported), reference (the plain path: SDPA, slots in "
+                   "reading order)")
+    t.add_argument("--no-limit", action="store_true",
+                   help="skip measuring the machine's matrix-product rate (and the steps' share at it)")
+    size_flags(t)
+    run_flags(t, checkpoints=False)
+    t.set_defaults(func=run_train)
 
+
+def add_eval(sub: Any) -> None:
+    """`aogpt bench eval`."""
+    e = sub.add_parser("eval", help="evaluation tokens/s against training, and the cost of an ensemble member",
+                       description="Time, on one AO-GPT and one batch, a training step (forward, backward, AdamW), "
+                       "evaluation left to right and under a random order, and random-order evaluation of a few "
+                       "sequences with and without an ensemble of M members; wall and CPU time, repeats "
+                       "interleaved; writes DIR/eval.md and .json. " + EPILOG)
+    e.add_argument("--n", type=LENGTH, default=None, help="sequence length (default 128)")
+    e.add_argument("--batch", type=BATCH, default=None, help="sequences per batch (default 16)")
+    e.add_argument("--members", type=int_arg(ge=2, le=1024), default=None, metavar="M",
+                   help="ensemble size for the per-member cost, at least 2 (default 4)")
+    e.add_argument("--repeats", type=REPEATS, default=None, help="runs per measurement, median reported (default 5)")
+    e.add_argument("--long-run", type=LONG_RUN, default=20.0, metavar="S", help="do not repeat runs longer than S s")
+    size_flags(e)
+    run_flags(e, checkpoints=False)
+    e.set_defaults(func=run_eval)
+
+
+def add_prepare(sub: Any) -> None:
+    """`aogpt bench prepare`."""
+    r = sub.add_parser("prepare", help="time `aogpt prepare`, or tokenizer worker processes against threads",
+                       description="Time cold runs of `aogpt prepare CORPUS --tokenizer SPEC` in this process "
+                       "(wall and CPU time, one run's stages), or with --workers-bench in-process tokenization "
+                       "against worker processes on a synthetic corpus; writes DIR/prepare.md and .json "
+                       "(DIR/prepare-workers.* with --workers-bench).")
+    r.add_argument("--corpus", default=None, help="what `aogpt prepare --corpus` takes (default shakespeare)")
+    r.add_argument("--tokenizer", default="gpt2", metavar="SPEC", help="gpt2, bytes or bpe:N (default gpt2)")
+    r.add_argument("--max-docs", type=positive_int, default=None, metavar="N", help="documents at most (quick: 4)")
+    r.add_argument("--repeats", type=REPEATS, default=None, help="runs per measurement, median reported (default 5; "
+                   "3 with --workers-bench)")
+    r.add_argument("--threads", type=THREADS, default=None, metavar="N",
+                   help="gpt2's tokenizer threads (default: one per CPU, at most 8)")
+    w = r.add_argument_group("--workers-bench: in-process tokenization against worker processes")
+    w.add_argument("--workers-bench", action="store_true", help="time this instead of prepare of a corpus")
+    w.add_argument("--workers", type=int_arg(ge=1, le=MAX_WORKERS), default=None, metavar="N",
+                   help="worker processes (default 2)")
+    w.add_argument("--synthetic-mb", type=finite_float(gt=0, le=1000), default=None, metavar="MB",
+                   help="megabytes of synthetic text (default 40; quick 0.5)")
+    run_flags(r, checkpoints=False, device=False)
+    r.set_defaults(func=run_prepare)
+
+
+def add_recipe(sub: Any) -> None:
+    """`aogpt bench recipe`."""
     s = sub.add_parser("recipe", help="which small training recipe learns most on Shakespeare for a fixed compute",
                        description="Train AO-GPT candidates (the cpu-small preset with fields changed) for a fixed "
                        "number of steps or CPU seconds each, one after another, and score them on the held-out plays "
@@ -102,6 +143,9 @@ def add_training_benchmarks(sub: Any) -> None:
     run_flags(s, checkpoints=False, device=False)
     s.set_defaults(func=run_recipe)
 
+
+def add_adapt(sub: Any) -> None:
+    """`aogpt bench adapt`."""
     t = sub.add_parser("adapt", help="fine-tuning recipes for an adapted GPT against AO-GPT from scratch",
                        description="Per seed, on Shakespeare (bpe:512) at the quickstart size (or --width): our GPT "
                        "trained S steps, adapted (aogpt adapt) and fine-tuned F steps with each candidate recipe, "
@@ -116,8 +160,8 @@ def add_training_benchmarks(sub: Any) -> None:
     t.add_argument("--finetune", type=int_list, default=(1000,), metavar="F[,F...]",
                    help="fine-tuning steps, one study per value (default 1000)")
     t.add_argument("--candidates", type=name_list, default=None, metavar="NAME[,NAME...]",
-                   help="fine-tuning recipes (aogpt.bench.adapt.CANDIDATES; default: the one the adapt preset is, "
-                   "aogpt.bench.adapt.MEASURED)")
+                   help="fine-tuning recipes (aogpt.bench.training.adapt.CANDIDATES; default: the one the adapt "
+                   "preset is, aogpt.bench.training.adapt.MEASURED)")
     t.add_argument("--only", type=name_list, default=None, metavar="PATH[,PATH...]",
                    help="train only these paths (source, scratch, scratch-sf, l2r, candidates); the others are read "
                    "from --work where kept (default: all but l2r)")
@@ -159,70 +203,102 @@ def name_list(text: str) -> tuple[str, ...]:
     return values
 
 
-def run_adapt(args: argparse.Namespace) -> int:
-    import torch
+def run_train(args: argparse.Namespace) -> int:
+    from aogpt.bench.training import train_step as bt
 
-    from aogpt.bench import adapt as bd
-    from aogpt.bench.adapt_report import to_markdown
-
-    torch.set_num_threads(args.threads)
-    steps, finetune, seeds, eval_bytes, curve = args.steps, args.finetune, args.seeds, args.eval_bytes, args.curve_every
-    width = args.width
-    if args.quick:
-        steps, finetune, seeds, eval_bytes, curve, width = 3, (2,), 1, 2000, 0, 64
-
-    def say(line: str) -> None:
-        if not args.no_progress:
-            print(line, file=sys.stderr, flush=True)
-
-    work = args.work / "quick" if args.quick else args.work
-    only = tuple(args.only or (p for p in bd.PATHS if p != "l2r"))
-    result = bd.run(args.data_root, work, steps=steps, finetune=tuple(finetune),
-                    candidates=tuple(args.candidates or (bd.MEASURED,)), seeds=seeds, seed=args.seed, only=only,
-                    eval_bytes=eval_bytes, curve_every=curve, width=width, save_every=args.save_every, out=args.out,
-                    progress=say, jobs=args.jobs)
-    return report(args, "bench adapt", result, to_markdown(result))
-
-
-def run_adaptive(args: argparse.Namespace) -> int:
-    from aogpt.bench import adaptive as ba
-    from aogpt.bench.common import parse_checkpoints
-
-    d = ba.QUICK if args.quick else ba.DEFAULTS
-
-    def pick(value: Any, key: str) -> Any:
-        return d[key] if value is None else value
-
-    orders = [o.strip() for o in args.orders.split(",") if o.strip()] if args.orders else list(ba.ORDERS)
-    ba.check_orders(orders)  # input errors before anything runs
-    puzzles, seeds = pick(args.puzzles, "puzzles"), pick(args.seeds, "seeds")
-    checkpoints = parse_checkpoints(args.checkpoint, ba.MODELS)
     setup(args)
-    bar, update = progress_bar(len(ba.MODELS) * len(orders) * max(1, puzzles) * max(1, seeds), args, "bench adaptive")
+    q = bt.QUICK
+    variants = [v.strip() for v in args.variants.split(",")] if args.variants else list(bt.VARIANTS)
+    steps = pick(args.steps, q, "steps", 5, args.quick)
+    block, batch, size = pick(args.block, q, "block", 256, args.quick), pick(args.batch, q, "batch", 8, args.quick), \
+        size_of(args, q["size"])
+    if args.preset is not None and not args.quick:  # the preset's shape unless a flag says otherwise
+        from aogpt.bench.common import Size
+        from aogpt.config import get_preset
+
+        pm, pt = get_preset(args.preset)["model"], get_preset(args.preset)["train"]
+        block, batch = args.block or pm["block_size"], args.batch or pt["batch_size"]
+        size = Size(args.layers or pm["n_layer"], args.width or pm["n_embd"], args.heads or pm["n_head"],
+                    args.vocab or 512)
+    bar, update = progress_bar(steps, args, "bench train")
     try:
-        result = ba.bench_adaptive(
-            task=pick(args.task, "task"), train_steps=pick(args.train_steps, "train_steps"),
-            solutions=d["solutions"], puzzles=puzzles,
-            seeds=seeds, layers=pick(args.layers, "layers"), width=pick(args.width, "width"),
-            heads=pick(args.heads, "heads"), batch=d["batch"], lr=d["lr"], orders=orders,
-            temperature=args.temperature, candidates=args.candidates, threshold=args.threshold,
-            checkpoints=checkpoints, text=not args.no_text, text_steps=pick(args.text_steps, "text_steps"),
-            text_block=d["text_block"], text_checkpoint=args.text_checkpoint, text_data=args.text_data,
-            spread_sequences=pick(args.spread_sequences, "spread_sequences"),
-            spread_orders=pick(args.spread_orders, "spread_orders"), device=args.device, seed=args.seed,
-            work=args.work, out=args.out, show_progress=not args.no_progress, progress=update,
-            plain_start=args.plain_start)
+        result = bt.bench_train(
+            block=block, batch=batch, size=size, variants=variants, steps=steps,
+            warmup=pick(args.warmup, q, "warmup", 2, args.quick), device=args.device, seed=args.seed,
+            dtypes=usable_precisions(args), preset=args.preset, profile=args.profile,
+            paths=[p.strip() for p in args.paths.split(",")], limit=not args.no_limit, out=args.out,
+            progress=update)
     finally:
         bar.close()
-    from aogpt.bench.adaptive_report import to_markdown
+    return report(args, "bench train", result, bt.to_markdown(result))
 
-    return report(args, "bench adaptive", result, to_markdown(result))
+
+def run_eval(args: argparse.Namespace) -> int:
+    from aogpt.bench.training import eval as be
+
+    setup(args)
+    q, d = be.QUICK, be.DEFAULTS
+    repeats = pick(args.repeats, q, "repeats", d["repeats"], args.quick)
+    batch = pick(args.batch, q, "batch", d["batch"], args.quick)
+    bar, update = progress_bar(repeats * len(be.CONTENDERS), args, "bench eval")
+    try:
+        result = be.bench_eval(
+            n=pick(args.n, q, "n", d["n"], args.quick), batch=batch, size=size_of(args, q["size"]),
+            members=pick(args.members, q, "members", d["members"], args.quick),
+            ensemble_sequences=max(1, min(batch, pick(None, q, "ensemble_sequences", d["ensemble_sequences"],
+                                                       args.quick))),
+            repeats=repeats, long_run=args.long_run, device=args.device, seed=args.seed, out=args.out,
+            progress=update)
+    finally:
+        bar.close()
+    return report(args, "bench eval", result, be.to_markdown(result))
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    from aogpt.bench.training import prepare as bp
+    from aogpt.io import ensure_writable_dir
+
+    ensure_writable_dir(args.out)
+    q, d = bp.QUICK, bp.DEFAULTS
+    if args.workers_bench:
+        given = [f for f, v in (("--corpus", args.corpus), ("--max-docs", args.max_docs), ("--threads", args.threads))
+                 if v is not None]
+        if given:
+            raise AOGPTError(f"{', '.join(given)}: not used by --workers-bench (a synthetic corpus, each mode with "
+                             "its own threads)", "drop them, or drop --workers-bench to time prepare of a corpus")
+        from aogpt.data.tokenizer import normalize_spec
+
+        repeats = pick(args.repeats, q, "repeats", 3, args.quick)
+        modes = 3 if normalize_spec(args.tokenizer) == "gpt2" else 2
+        bar, update = progress_bar(repeats * modes, args, "bench prepare --workers-bench")
+        try:
+            result = bp.bench_workers(
+                tokenizer=args.tokenizer, workers=pick(args.workers, q, "workers", d["workers"], args.quick),
+                repeats=repeats, seed=args.seed, out=args.out,
+                synthetic_mb=pick(args.synthetic_mb, q, "synthetic_mb", d["synthetic_mb"], args.quick),
+                progress=update)
+        finally:
+            bar.close()
+        return report(args, "bench prepare", result, bp.workers_markdown(result))
+    given = [f for f, v in (("--workers", args.workers), ("--synthetic-mb", args.synthetic_mb)) if v is not None]
+    if given:
+        raise AOGPTError(f"{', '.join(given)}: only for --workers-bench", "add --workers-bench, or drop them")
+    repeats = pick(args.repeats, q, "repeats", d["repeats"], args.quick)
+    bar, update = progress_bar(repeats, args, "bench prepare")
+    try:
+        result = bp.bench_prepare(
+            corpus=args.corpus or "shakespeare", tokenizer=args.tokenizer, repeats=repeats,
+            max_docs=pick(args.max_docs, q, "max_docs", None, args.quick), threads=args.threads, seed=args.seed,
+            out=args.out, progress=update)
+    finally:
+        bar.close()
+    return report(args, "bench prepare", result, bp.to_markdown(result))
 
 
 def run_recipe(args: argparse.Namespace) -> int:
     import torch
 
-    from aogpt.bench import recipe as br
+    from aogpt.bench.training import recipe as br
 
     torch.set_num_threads(args.threads)
     names = [n.strip() for n in args.candidates.split(",") if n.strip()] if args.candidates else []
@@ -254,3 +330,32 @@ def run_recipe(args: argparse.Namespace) -> int:
                       minutes=args.minutes, speedup=args.speedup, seed=args.seed, seeds=args.seeds, jobs=args.jobs,
                       curve_every=args.curve_every, diagnose=args.diagnose, out=args.out, progress=say)
     return report(args, "bench recipe", result, br.to_markdown(result))
+
+
+def run_adapt(args: argparse.Namespace) -> int:
+    import torch
+
+    from aogpt.bench.training import adapt as bd
+    from aogpt.bench.training.adapt_report import to_markdown
+
+    torch.set_num_threads(args.threads)
+    steps, finetune, seeds, eval_bytes, curve = args.steps, args.finetune, args.seeds, args.eval_bytes, args.curve_every
+    width = args.width
+    if args.quick:
+        steps, finetune, seeds, eval_bytes, curve, width = 3, (2,), 1, 2000, 0, 64
+
+    def say(line: str) -> None:
+        if not args.no_progress:
+            print(line, file=sys.stderr, flush=True)
+
+    work = args.work / "quick" if args.quick else args.work
+    only = tuple(args.only or (p for p in bd.PATHS if p != "l2r"))
+    result = bd.run(args.data_root, work, steps=steps, finetune=tuple(finetune),
+                    candidates=tuple(args.candidates or (bd.MEASURED,)), seeds=seeds, seed=args.seed, only=only,
+                    eval_bytes=eval_bytes, curve_every=curve, width=width, save_every=args.save_every, out=args.out,
+                    progress=say, jobs=args.jobs)
+    return report(args, "bench adapt", result, to_markdown(result))
+
+
+BENCHMARKS = {"train": add_train, "eval": add_eval, "prepare": add_prepare, "recipe": add_recipe, "adapt": add_adapt}
+"""Each benchmark of this room and what registers it under `aogpt bench` (cli/bench.py calls them)."""

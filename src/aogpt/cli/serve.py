@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-from aogpt.cli.common import add_common, config_arg, finite_float, int_arg
+from aogpt.cli.common import add_common, config_arg, finite_float, int_arg, seed_arg
 from aogpt.errors import AOGPTError
 
 HELP = "serve a checkpoint over HTTP: OpenAI-style completions, streaming the positions each step reveals"
@@ -60,6 +60,10 @@ def add_parser(subparsers: Any) -> None:
                    help="torch threads, 1..1024 (default: torch's, one per core)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
                    help="server log level (default info: one line per request)")
+    p.add_argument("--seed", type=seed_arg, default=None, metavar="S",
+                   help="seeds for requests that bring none: the k-th such request gets the k-th seed drawn from S, so "
+                        "a restarted server answers the same requests, sent in the same order, alike (default: a "
+                        "fresh random seed each; a request's own seed always wins, and every response names its seed)")
     add_common(p, seed=False)
     p.set_defaults(func=run)
 
@@ -101,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     # must not wait on an output that nobody reads)
     output = ServerOutput()
     app = create_app(engine, loaded.tokenizer, name, max_samples=args.max_samples,
-                     dropped_lines=lambda: output.dropped)
+                     dropped_lines=lambda: output.dropped, seed=args.seed)
     config = uvicorn.Config(app, log_level=args.log_level, log_config=None, lifespan="on",
                             timeout_graceful_shutdown=args.drain_timeout + 2)  # a backstop: the engine cancels first
 

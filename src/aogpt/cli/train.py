@@ -134,8 +134,8 @@ def _dry_run(plan: Any, args: argparse.Namespace) -> int:
 
 def _print_plan(plan: Any) -> None:
     """Before the first step: what will be trained, how long, where; the orders and the rate's schedule."""
+    from aogpt.curriculum import make_curriculum
     from aogpt.device import resolve_device
-    from aogpt.orders import make_curriculum
     from aogpt.train import LRSchedule, accumulation_steps, training_precision
     from aogpt.train.recipe import describe as describe_recipe
 
@@ -175,6 +175,20 @@ def _print_plan(plan: Any) -> None:
     print(f"compile: {how}{where}", flush=True)
 
 
+def _validation_heading(s: dict[str, Any]) -> str:
+    """What the summary's validation scored: the run's validation reads the first batches of the
+    held-out text, `aogpt eval` all of it, so the two figures differ and the heading says which."""
+    scored, whole = s.get("val_tokens"), s.get("val_split_tokens")
+    if not scored:
+        return "validation on the held-out text:"
+    if whole is not None and scored >= whole:
+        return f"validation on the whole held-out text ({scored:,} tokens):"
+    if whole is None:
+        return f"validation on the first {scored:,} tokens of the held-out text ({s['val_batches']} batches):"
+    return (f"validation on the first {scored:,} of the held-out text's {whole:,} tokens ({s['val_batches']} batches; "
+            "aogpt eval scores them all):")
+
+
 def _print_summary(s: dict[str, Any]) -> None:
     """What was trained and how far it got; validation in nats, perplexity and bits per byte; a
     warning when a time limit or a signal cut the run short; where the files are."""
@@ -185,7 +199,7 @@ def _print_summary(s: dict[str, Any]) -> None:
     print(f"trained {s.get('variant', 'the model')} ({s['params'] / 1e6:.1f} M parameters) for {done:,} of {planned:,} "
           f"planned steps: {s['tokens_seen']:,} tokens in {duration(s['train_seconds'])}, "
           f"{s['tokens_per_s']:,.0f} tokens/s")
-    print("validation on the held-out text:")
+    print(_validation_heading(s))
     keys = [k.split("/") for k in s if k.startswith("val/")]
     for _, kind, weights in sorted(keys, key=lambda k: (k[2] != "ema", k[1] != "l2r")):
         key = f"val/{kind}/{weights}"

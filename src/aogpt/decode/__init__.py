@@ -14,7 +14,9 @@ path that does the least of both, and chooses its kernels by measuring them on t
   once per process and cached, like `aogpt.generation.precision`;
 - `aogpt.decode.runner`: `SmallStepModel`, a model's inference form for cache steps: rows (R, d)
   from the embedding to the head, fused q/k/v, the keys and values written with one copy per layer,
-  the attention scale folded into the query weights, adaLN tables stacked into one lookup per step.
+  the attention scale folded into the query weights, adaLN tables stacked into one lookup per step;
+- `aogpt.decode.gated`: `GatedStepModel`, the same for a model with a gated pathway (`aogpt.pathway`):
+  the source's kernels for the rows that read left to right, W + dW's for the others.
 
 `aogpt.inference.for_inference(model, path="fast")` builds it; ``path="reference"`` keeps the
 previous path (modules with oneDNN-packed weights, torch's SDPA per run of sequences), which

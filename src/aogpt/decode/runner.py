@@ -218,18 +218,15 @@ class SmallStepModel:
         return self.head(x).view(B, Q, -1)
 
 
-def build(model: nn.Module) -> SmallStepModel:
+def build(model: nn.Module, cls: type | None = None) -> SmallStepModel:
     """The fast path for `model` (it must `support` it), with the kernels `aogpt.decode.choice`
-    measured for its shapes; calls without a cache run on the model itself."""
+    measured for its shapes; calls without a cache run on the model itself. `cls`: the runner class
+    (a gated model's: `aogpt.decode.gated.GatedStepModel`)."""
     cfg = model.config
     p = next(model.parameters())
     shapes = Shapes(cfg.n_embd, model.transformer.h[0].mlp.c_fc.out_features, cfg.vocab_size, cfg.n_head,
                     cfg.head_dim, cfg.block_size + 2)
-    if cfg.pathway == "gated":  # two sets of kernels, the source's and the pathway's (`aogpt.decode.gated`)
-        from aogpt.decode.gated import GatedStepModel
-
-        return GatedStepModel(model, choose(shapes, p.dtype, p.device))
-    return SmallStepModel(model, choose(shapes, p.dtype, p.device))
+    return (cls or SmallStepModel)(model, choose(shapes, p.dtype, p.device))
 
 
 __all__ = ["SmallStepModel", "build", "supports"]

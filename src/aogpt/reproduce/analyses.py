@@ -108,7 +108,7 @@ def speed(plan: Plan, out: Path, vocab_size: int, device: str = "cpu", seed: int
     count against T, an exact number. Speed (Finding 8.1) is timed: the log wall time at T = n of
     each contender in every round (rounds pair the contenders)."""
     from aogpt.bench.common import Size
-    from aogpt.bench.generate import bench_generate
+    from aogpt.bench.generation.generate import bench_generate
 
     scale = plan.scale
     size = Size(scale.n_layer, scale.n_embd, scale.n_head, vocab_size)

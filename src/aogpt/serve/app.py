@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import random
 import time
 import uuid
 from collections.abc import Callable
@@ -75,10 +76,15 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int = 16,
-               own_engine: bool = True, dropped_lines: Callable[[], int] | None = None) -> FastAPI:
+               own_engine: bool = True, dropped_lines: Callable[[], int] | None = None,
+               seed: int | None = None) -> FastAPI:
     """The app serving `engine`. With `own_engine`, the app starts the engine and stops it (after the
     running requests finish, or at the engine's drain deadline) with its lifespan. `dropped_lines`:
-    how many log lines the server's output dropped (reported by /health)."""
+    how many log lines the server's output dropped (reported by /health). `seed`: where the seeds of
+    requests that bring none come from -- the k-th such request gets the k-th seed drawn from it, so a
+    server restarted with the same seed answers the same unseeded requests, sent in the same order,
+    alike (None: a fresh random seed each). Every response names the seed it used."""
+    unseeded = random.Random(seed) if seed is not None else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -148,6 +154,8 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int
                 kwargs, first = to_generate(body, config, tokenizer, max_samples)
         except AOGPTError as exc:
             return error_response(400, str(exc))
+        if kwargs["seed"] is None and unseeded is not None:  # drawn in the event loop: in order of arrival
+            kwargs["seed"] = unseeded.getrandbits(62)
         events = _Events(request, engine)
         job = Job(kwargs, *job_size(kwargs, config), events.deliver, steps=body.stream, timeout=body.timeout)
         try:

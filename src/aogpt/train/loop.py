@@ -112,6 +112,7 @@ def fit(t: Trainer, until: int | None = None) -> dict[str, Any]:
         "decay_done": decay_done,
         "train_loss": last.loss if last else None,
         **final_eval,
+        **t.validation.coverage(),
         "tokens_seen": t.tokens_seen,
         "tokens_per_s": t.tokens_seen / max(t.train_seconds, 1e-9),
         "train_seconds": t.train_seconds,

@@ -17,7 +17,7 @@ with is lost within a few steps. Three things hold it, each a `TrainConfig` fiel
 Replay and distillation hold the model to its source, and hold it back from the other orders too. The
 **hold** (`Hold`, `hold_floor`) lets go when the orders do: both are weighted by
 ``floor + (1 - floor) * closeness``, where closeness measures how far the step's orders (the order
-curriculum's stage, `aogpt.orders.Curriculum`) still are from the run's own ones towards left to right,
+curriculum's stage, `aogpt.curriculum.Curriculum`) still are from the run's own ones towards left to right,
 by the share of their steps that read the leftmost unread position, as left to right does every step
 (`leftmost_share`): 1 in the curriculum's left-to-right opening, falling through its Mallows ramp, 0
 (the floor) once the orders are the run's. A function of the step and the config alone, so a checkpoint
@@ -56,7 +56,7 @@ def replay_rows(order: torch.Tensor, share: float, generator: torch.Generator | 
 def replay_from(cfg: TrainConfig) -> int:
     """The first step replay applies to: after the curriculum's leading left-to-right stages (which read
     left to right anyway: drawing there would only shift the order stream)."""
-    from aogpt.orders import make_curriculum
+    from aogpt.curriculum import make_curriculum
 
     start = 0
     for begin, end, stage in make_curriculum(cfg.curriculum, cfg.order, cfg.l2r_first_steps, cfg.decay_steps).stages:
@@ -113,7 +113,7 @@ class Hold:
     schedule, whose decay a time budget may place; wsd only), and is the larger of the two."""
 
     def __init__(self, cfg: TrainConfig, n: int, schedule: Any = None):
-        from aogpt.orders import make_curriculum
+        from aogpt.curriculum import make_curriculum
         from aogpt.train.schedule import LRSchedule
 
         self.floor, self.anneal, self.n = cfg.hold_floor, cfg.hold_anneal, n

@@ -45,6 +45,7 @@ class Validation:
     device: torch.device
     amp: torch.dtype | None
     per_batch: dict[str, list[float]] = field(default_factory=dict)  # key -> loss per token of each batch
+    tokens: int = 0  # tokens the last call scored (all ranks): the first `eval_batches` batches of the split
 
     @property
     def own_order(self) -> bool:
@@ -67,6 +68,7 @@ class Validation:
         for weights, model in models.items():
             sums, batches = self._sums(model, lengths)
             tokens, num_bytes = float(sums[3]), float(sums[4])
+            self.tokens = int(tokens)
             if tokens == 0:
                 raise AOGPTError("the validation split gave no batches", "prepare more validation data")
             column = {"l2r": 0, "any": 1, "own": 2}
@@ -77,6 +79,16 @@ class Validation:
                     results[f"bpb/{kind}/{weights}"] = bits_per_byte(nats, int(tokens), int(num_bytes))
                 self.per_batch[f"val/{kind}/{weights}"] = [b[column[kind]] / b[3] for b in batches]
         return results
+
+    def coverage(self) -> dict[str, int]:
+        """How much of the validation split the last call scored: ``val_tokens`` (and ``val_split_tokens``,
+        the split's whole, where the data knows it). The summary says so, because a run's validation
+        reads only its first `eval_batches` batches while `aogpt eval` reads the whole split."""
+        out = {"val_tokens": self.tokens, "val_batches": self.cfg.eval_batches}
+        shards = getattr(self.data, "shard_info", None)  # optional (`aogpt.data.PreparedData`)
+        if shards is not None:  # whole windows of each shard, as `iter_eval_batches` reads them
+            out["val_split_tokens"] = sum(int(s["tokens"]) // self.block_size * self.block_size for s in shards("val"))
+        return out
 
     def _sums(self, model: nn.Module, byte_lengths: torch.Tensor | None) -> tuple[torch.Tensor, list[list[float]]]:
         """Summed left-to-right loss, any-order loss, own-order loss, token count and byte count over

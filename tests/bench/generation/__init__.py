@@ -1,0 +1,1 @@
+"""Tests of `aogpt.bench.generation`, one file per module."""

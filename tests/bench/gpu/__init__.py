@@ -1,0 +1,1 @@
+"""Tests of `aogpt.bench.gpu`, one file per module."""

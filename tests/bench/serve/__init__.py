@@ -1,0 +1,1 @@
+"""Tests of `aogpt.bench.serve`, one file per module."""

@@ -1,0 +1,1 @@
+"""Tests of `aogpt.bench.training`, one file per module."""
