@@ -137,6 +137,9 @@ def test_only_the_pathway_trains_and_the_checkpoint_says_so(hf_models, tmp_path)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(is_pathway(n) for n in trainable)
     assert any(n.endswith("delta_up") for n in trainable) and any("adaLN" in n for n in trainable)
+    from aogpt.checkpoint import find_checkpoint, read_config
+
+    assert set(read_config(find_checkpoint(tmp_path / "gated"))["pathway"]["trained"]) == trainable
     loaded = aogpt.load(tmp_path / "gated", weights="raw")
     assert loaded.config.pathway == "gated" and loaded.config.pathway_rank == 8
     assert {n for n, p in loaded.model.named_parameters() if p.requires_grad} == trainable
