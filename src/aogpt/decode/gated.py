@@ -124,22 +124,18 @@ class GatedStepModel(SmallStepModel):
                     x1 = path.proj.add(y1, x1)
                     x1 = path.out.add(path.fc.gelu(path.ln_2(x1), path.gelu), x1)
         x = split.join(x0, x1)  # (B, S, d)
-        if self.adaptive:
-            final_cond = F.embedding(tgt, self.cond_table[:, 6 * d * len(self.layers):]).view(B, S, -1)
         Q = S
         if select is not None:
             Q = select.shape[1]
             x = x.gather(1, select.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-            gate = gate.expand(B, S).gather(1, select)
-            if self.adaptive:
-                final_cond = final_cond.gather(1, select.unsqueeze(-1).expand(-1, -1, final_cond.shape[-1]))
+            tgt, gate = tgt.view(B, S).gather(1, select), gate.expand(B, S).gather(1, select)
             split = RowSplit(gate)
         h0, h1 = split.split(x)
         if h0 is not None:
             h0 = self.source_final(h0)
         if h1 is not None:
-            if self.adaptive:
-                fc = split.select(final_cond)
+            if self.adaptive:  # the final modulation of the pathway's rows only
+                fc = F.embedding(split.select(tgt.view(B, Q)), self.cond_table[:, 6 * d * len(self.layers):])
                 h1 = self.final.modulate(h1, fc[:, :d], fc[:, d:])
             else:
                 h1 = self.final(h1)
