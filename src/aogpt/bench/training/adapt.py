@@ -462,7 +462,7 @@ def _file(key: str, steps: int, finetune: tuple[int, ...]) -> str:
     if path == "scratch-sf":
         fitted = steps + min(finetune)
         return f"scratch-N{steps + n}.json" if steps + n == fitted else f"scratch-N{steps + n}-C{fitted}.json"
-    fitted = fitted_to(path, finetune) if len(finetune) > 1 else 0
+    fitted = fitted_to(path, finetune) if len(finetune) > 1 and path != "l2r" else 0
     return f"{path}-S{steps}-F{n}.json" if fitted in (0, n) else f"{path}-S{steps}-F{n}-C{fitted}.json"
 
 
