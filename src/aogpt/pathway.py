@@ -39,8 +39,11 @@ class DeltaLinear(nn.Linear):
     """A source linear layer (``weight``, ``bias``: frozen) and its trainable delta: ``delta_up @
     delta_down`` of rank `rank`, or a full matrix ``delta`` (rank 0). ``forward(x)`` is the source's
     ``W x + b``; ``forward(x, pathway=True)`` is ``(W + dW) x + b``. The delta starts at zero (the
-    up-projection or the full matrix; the down-projection drawn with std 1/sqrt(in_features), so
-    gradients reach the up-projection), so at step 0 both forms are the source's function."""
+    up-projection or the full matrix), so at step 0 both forms are the source's function. The
+    down-projection is drawn with std sqrt(in_features) / rank: under Adam every entry of the
+    up-projection moves by about the learning rate a step, so a step moves ``dW x`` by about lr x
+    rank x E|A x|, against lr x in_features x E|x| for a full-rank delta; this draw makes the two
+    equal (for a normalised x), so one learning rate serves every rank."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, rank: int):
         super().__init__(in_features, out_features, bias=bias)
@@ -56,7 +59,7 @@ class DeltaLinear(nn.Linear):
     @torch.no_grad()
     def reset_delta(self) -> None:
         if self.rank:
-            nn.init.normal_(self.delta_down, 0.0, 1.0 / math.sqrt(self.in_features))
+            nn.init.normal_(self.delta_down, 0.0, math.sqrt(self.in_features) / self.rank)
             nn.init.zeros_(self.delta_up)
         else:
             nn.init.zeros_(self.delta)
