@@ -83,13 +83,13 @@ def test_the_gated_table_pairs_infilling_with_the_source_by_seed():
         r["source"]["infill"] = {"prefix/l2r": 2.4 + rng.normal(0, 0.05)}
         r["gated-r8/F5"] = {"l2r": r["source"]["l2r"], "any": 3.0 + rng.normal(0, 0.01), "steps": 5,
                             "cpu_seconds": 2.0, "trainable_parameters": 1234,
-                            "infill": {"both/best": 2.2 + rng.normal(0, 0.02)}}
+                            "infill": {"both/l2r": 2.2 + rng.normal(0, 0.02)}}
     result = {"rows": rows, "finetune": [5], "candidates": ["recipe", "gated-r8"], "steps": 10, "eval_bytes": 100,
               "tokenizer": "bpe:512", "preset": "quickstart", "threads": 1, "unigram": 3.6,
               "environment": {"device": "cpu", "threads": 1, "torch": "x"}}
     result["summary"] = summary(result)
-    gap = np.array([r["gated-r8/F5"]["infill"]["both/best"] - r["source"]["infill"]["prefix/l2r"] for r in rows])
-    got = result["summary"]["F5/gated-r8-source/infill/both/best"]
+    gap = np.array([r["gated-r8/F5"]["infill"]["both/l2r"] - r["source"]["infill"]["prefix/l2r"] for r in rows])
+    got = result["summary"]["F5/gated-r8-source/infill/both/l2r"]
     half = stats.t.ppf(0.975, 2) * gap.std(ddof=1) / np.sqrt(3)
     assert got["mean"] == pytest.approx(gap.mean()) and got["low"] == pytest.approx(gap.mean() - half)
     assert result["summary"]["F5/gated-r8-source/l2r"]["mean"] == 0.0

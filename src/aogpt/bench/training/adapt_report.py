@@ -81,7 +81,7 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-INFILL_ROWS = ("both/best", "both/l2r", "both/random", "prefix/l2r")  # `aogpt.evaluation.infill.ROWS` the study reads
+INFILL_ROWS = ("both/l2r", "both/random", "prefix/l2r")  # of `aogpt.evaluation.infill.ROWS`: what the study scores
 
 
 def _infill_series(rows: list[dict[str, Any]], path: str, row: str, minus: tuple[str, str] | None = None
@@ -139,7 +139,7 @@ def gated_table(result: dict[str, Any]) -> list[str]:
     lines = ["## The gated pathway", "",
              "Mean [95% interval over seeds]; differences paired by seed. Infilling: 32-token spans of the held-out "
              "text with 32 tokens each side (`aogpt eval --infill`'s cuts), bits per byte of the span; given both "
-             "sides in the model's own order (both/best) minus the source given the prefix only. Trained: the "
+             "sides, the span read left to right (both/l2r), minus the source given the prefix only. Trained: the "
              "parameters that train (a gated pathway: the pathway alone; plain and scratch: all). CPU ms/step: "
              "training CPU time per step at one thread, under the load given above.", ""]
     src_infill = fmt(s.get("source/infill/prefix/l2r"))
@@ -158,7 +158,7 @@ def gated_table(result: dict[str, Any]) -> list[str]:
             trained = s.get(f"{k}/trained")
             step = s.get(f"{k}/cpu_per_step")
             table.append([label, fmt(s.get(f"{k}/l2r")), fmt(l2r_d), fmt(s.get(f"{k}/any")), fmt(any_d),
-                          fmt(s.get(f"{k}/infill/both/best")), fmt(s.get(f"F{f}/{path}-source/infill/both/best")),
+                          fmt(s.get(f"{k}/infill/both/l2r")), fmt(s.get(f"F{f}/{path}-source/infill/both/l2r")),
                           "-" if trained is None else f"{trained['mean']:,.0f}",
                           "-" if step is None else f"{1000 * step['mean']:.0f}"])
         lines += ["", f"### F = {f}", "",
