@@ -30,3 +30,8 @@ def test_gated_candidates_are_valid_recipes_and_need_no_fitting():
     for name in ("gated-r8", "gated-r32", "gated-full"):  # the same fields at every F: branches are exact runs
         assert fitted_to(name, (500, 1000, 2000)) == 0
     assert fitted_to("plain", (500, 1000, 2000)) == 500
+
+
+def test_a_candidate_fitted_to_its_steps_is_fitted_to_them_alone():
+    assert fitted_to("plain", (500,)) == 500 and fitted_to("gated-full-ramp", (500,)) == 500
+    assert fitted_to("gated-full", (500,)) == 0

@@ -271,19 +271,19 @@ class Study:
         """A candidate fine-tuned `f` steps; with `budgets` (several F), branched off their trunk (`branched`)."""
         if not _known(name):
             raise AOGPTError(f"unknown candidate {name!r}", f"choose from: {', '.join([*CANDIDATES, *GATED])}")
-        fitted = fitted_to(name, budgets or (f,))
+        fitted = fitted_to(name, budgets or (f,))  # 0: the same fields at every F
 
         def configs(n: int) -> tuple[Any, Any]:
-            mc, tc, _, _ = self._candidate_configs(name, n, fitted)
+            mc, tc, _, _ = self._candidate_configs(name, n, fitted or n)
             return mc, tc
 
         def finish(record: dict[str, Any], n: int) -> dict[str, Any]:
-            _, tc, _, fields = self._candidate_configs(name, n, fitted)
+            _, tc, _, fields = self._candidate_configs(name, n, fitted or n)
             return {**record, "fields": {k: v for k, v in tc.__dict__.items() if k in ADAPT_RECIPE or k in fields}}
 
         key = self.dir / (f"{name}-S{self.steps}-F{f}.json" if fitted == f or fitted == 0
                           else f"{name}-S{self.steps}-F{f}-C{fitted}.json")
-        start = self._candidate_configs(name, f, fitted)[2]
+        start = self._candidate_configs(name, f, fitted or f)[2]
         if len(budgets) > 1:
             record = self.branched(key, f"{name}-trunk-S{self.steps}-C{fitted}", name, configs, budgets, f, start)
             return finish(record, f)

@@ -126,9 +126,11 @@ def _known(name: str) -> bool:
 
 def fitted_to(name: str, budgets: tuple[int, ...]) -> int:
     """The F a candidate's F-dependent fields are fitted to when its budgets share a trunk: the shortest, or 0
-    when its fields are the same for every budget (then each branch is exactly the run budgeted for its F)."""
+    when its fields are the same for every budget (then each branch is exactly the run budgeted for its F).
+    One budget: the fields are fitted to it (0 when they would be the same at twice it)."""
     change = GATED[name][1] if name in GATED else CANDIDATES[name]
-    return 0 if len({json.dumps(change(b), sort_keys=True) for b in budgets}) == 1 else min(budgets)
+    tried = budgets if len(budgets) > 1 else (budgets[0], 2 * budgets[0])
+    return 0 if len({json.dumps(change(b), sort_keys=True) for b in tried}) == 1 else min(budgets)
 
 
 __all__ = ["BASE", "CANDIDATES", "GATED", "LETGO", "MEASURED", "ORDER", "PRESET", "RATES", "STUDY", "fitted_to"]
