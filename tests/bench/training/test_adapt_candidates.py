@@ -33,5 +33,5 @@ def test_gated_candidates_are_valid_recipes_and_need_no_fitting():
 
 
 def test_a_candidate_fitted_to_its_steps_is_fitted_to_them_alone():
-    assert fitted_to("plain", (500,)) == 500 and fitted_to("gated-full-ramp", (500,)) == 500
+    assert fitted_to("plain", (500,)) == 500 and fitted_to("recipe-slow-ramp", (500,)) == 500
     assert fitted_to("gated-full", (500,)) == 0

@@ -103,19 +103,10 @@ GATED: dict[str, tuple[int, Callable[[int], dict[str, Any]]]] = {
     "gated-r8": (8, lambda f: {}),
     "gated-r32": (32, lambda f: {}),
     "gated-full": (0, lambda f: {}),
-    "gated-full-uniform": (0, lambda f: {"order": "uniform"}),
-    "gated-full-infill50": (0, lambda f: {"order": "uniform*0.5+infill*0.5"}),
-    "gated-full-l2r10": (0, lambda f: {"order": "uniform*0.65+infill*0.25+l2r*0.1"}),
-    "gated-full-ramp": (0, lambda f: {"curriculum": f"mallows:4..0.05@{max(1, round(0.3 * f))}"}),
-    "gated-full-ramp150": (0, lambda f: {"curriculum": "mallows:4..0.05@150"}),
-    "gated-full-ramp150-infill50": (0, lambda f: {"curriculum": "mallows:4..0.05@150",
-                                                  "order": "uniform*0.5+infill*0.5"}),
-    "gated-full-ramp-uniform": (0, lambda f: {"curriculum": f"mallows:4..0.05@{max(1, round(0.3 * f))}",
-                                              "order": "uniform"}),
-    "gated-full-ramp-infill50": (0, lambda f: {"curriculum": f"mallows:4..0.05@{max(1, round(0.3 * f))}",
-                                               "order": "uniform*0.5+infill*0.5"}),
-    "gated-full-target1": (0, lambda f: {"target_lr_mult": 1.0}),
-    "gated-r32-lr3": (32, lambda f: {"backbone_lr_mult": 3.0}),
+    # the screening of the orders (seed 0, F = 1000; docs/adapt.md): the recipe is gated-full-ramp150-infill50
+    "gated-full-noramp": (0, lambda f: {"curriculum": ""}),
+    "gated-full-ramp150": (0, lambda f: {"order": "uniform*0.75+infill*0.25"}),
+    "gated-full-ramp150-infill50": (0, lambda f: {}),
 }
 STUDY = ("plain", "gated-r8", "gated-r32", "gated-full")  # the candidates of the gated pathway's study
 
