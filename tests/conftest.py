@@ -88,6 +88,14 @@ def tiny_run(tmp_path_factory, bytes_data) -> Path:
     return out
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files holding a test marked slow first, each file's tests kept together and in order:
+    scripts/test.sh hands whole files to parallel processes in this order (pytest-xdist), so the
+    longest start first and no process is left alone with one at the end."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
+
+
 # ----------------------------------------------------------------------------- CPU classes
 # (markers for what a test needs are in tests/helpers.py)
 def pytest_report_header(config) -> list[str]:

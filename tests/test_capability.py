@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from aogpt import capability
+from aogpt.decode.kernels import LinearKernel
+from aogpt.decode.runner import decode_linears
 from aogpt.errors import AOGPTError
 from aogpt.generation.generate import generate
-from aogpt.inference import PackedLinear, for_inference
+from aogpt.inference import for_inference
 from tests.generation.test_generate import tiny_model
 
 XEON_AMX = ("fpu sse2 avx avx2 fma f16c avx512f avx512dq avx512cd avx512bw avx512vl avx512_vnni avx512_bf16 "
@@ -92,19 +94,19 @@ def test_a_user_setting_of_torchs_limits_is_kept(monkeypatch):
 
 
 def test_packing_follows_the_capability_module(as_cpu):
-    """fp32 is packed wherever oneDNN is; under the avx2 class a bf16 model is not packed (the
-    reference path's plain linear layers, the fast path's plain kernels) and still generates."""
+    """fp32 is packed wherever oneDNN is; under the avx2 class a bf16 model is not packed (the fast
+    path's plain kernels) and still generates."""
     from aogpt.decode import choice
 
     model = tiny_model("aogpt", vocab=16, block=8, dtype=torch.float32)
     if not capability.can_pack(torch.float32):
         pytest.skip("no oneDNN on this machine")
-    assert any(isinstance(m, PackedLinear) for m in for_inference(model, path="reference").modules())
+    assert any(isinstance(m, LinearKernel) and m.onednn for m in for_inference(model).modules())
     as_cpu("avx2")
     choice.forget()
     bf16 = tiny_model("aogpt", vocab=16, block=8, dtype=torch.float32).to(torch.bfloat16)
     assert for_inference(bf16, path="reference") is bf16
-    assert all(k.kind == "plain" for k in for_inference(bf16).decode_linears().values())
+    assert all(k.kind == "plain" for k in decode_linears(for_inference(bf16)).values())
     res = generate(bf16, num_samples=2, length=8, steps=4, seed=0)
     assert res.tokens.shape == (2, 8)
     choice.forget()
@@ -123,11 +125,10 @@ def test_bf16_generation_takes_the_avx2_path_and_fails_without_the_capability_mo
     for path in ("fast", "reference"):
         assert generate(model, num_samples=2, length=8, steps=4, seed=0, decode_path=path).tokens.shape == (2, 8)
     monkeypatch.setattr(inference.capability, "can_pack", lambda dtype: True)  # the module bypassed
-    for path in ("fast", "reference"):
-        inference._KEPT.clear()
-        choice.forget()
-        with pytest.raises(RuntimeError, match="bf16 path needs the cpu support"):
-            generate(model, num_samples=2, length=8, steps=4, seed=0, decode_path=path)
+    inference._KEPT.clear()
+    choice.forget()
+    with pytest.raises(RuntimeError, match="bf16 path needs the cpu support"):  # the one packer: the fast path's
+        generate(model, num_samples=2, length=8, steps=4, seed=0, decode_path="fast")
     choice.forget()
 
 

@@ -1,6 +1,6 @@
-"""`aogpt.inference.for_inference`: the decode runner (fast path, or the reference path's packed copy)
-is reused while the weights are unchanged and rebuilt when any weight changes (in place, by dtype,
-or, for the reference path, by a new row hint)."""
+"""`aogpt.inference.for_inference`: the fast decode path (the model with the measured kernels swapped
+in) is reused while the weights are unchanged and rebuilt when any weight changes (in place or by
+dtype); the reference path is the model itself."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from aogpt import capability
+from aogpt.decode.runner import decode_linears
 from aogpt.generation.generate import generate
 from aogpt.inference import for_inference, packing_available
 from tests.generation.test_generate import tiny_model
@@ -19,30 +20,27 @@ pytestmark = pytest.mark.skipif(not packing_available(tiny_model("aogpt", vocab=
                                 reason="no oneDNN packing on this machine")
 
 
-def test_packed_copy_is_reused_until_a_weight_changes():
+def test_the_fast_path_is_reused_until_a_weight_changes():
     model = tiny_model("aogpt", vocab=16, block=8, dtype=torch.float32)
-    first = for_inference(model, path="reference")
-    assert for_inference(model, path="reference") is first
+    assert for_inference(model, path="reference") is model
     fast = for_inference(model)
-    assert fast is not first and for_inference(model) is fast and for_inference(model, rows_hint=4) is fast
+    assert fast is not model and for_inference(model) is fast
     with torch.no_grad():
         model.lm_head.weight.mul_(2)  # in place: the version moves
-    second = for_inference(model, path="reference")
-    assert second is not first and torch.equal(second.lm_head.weight, model.lm_head.weight)
-    assert for_inference(model, rows_hint=4, path="reference") is not second
+    again = for_inference(model)
+    assert again is not fast and again.lm_head.weight is model.lm_head.weight
     x = torch.randn(3, 16)
     with torch.inference_mode():
-        assert for_inference(model) is not fast and torch.allclose(for_inference(model).head(x), model.lm_head(x),
-                                                                     atol=1e-5)
+        torch.testing.assert_close(again.lm_head(x), model.lm_head(x), atol=1e-5, rtol=1e-5)
 
 
 @needs_bf16_packing
 def test_a_bf16_model_is_packed_in_bf16():
     model = tiny_model("aogpt", vocab=16, block=8, dtype=torch.float32)
-    fp32 = for_inference(model, path="reference")
+    fp32 = for_inference(model)
     model.to(torch.bfloat16)
-    packed = for_inference(model, path="reference")
-    assert packed is not fp32 and packed.lm_head.packed.dtype == torch.bfloat16
+    packed = for_inference(model)
+    assert packed is not fp32 and packed.lm_head.prepared.dtype == torch.bfloat16
 
 
 def test_a_bf16_model_is_left_unpacked_without_bf16(as_cpu):
@@ -54,7 +52,7 @@ def test_a_bf16_model_is_left_unpacked_without_bf16(as_cpu):
     model = tiny_model("aogpt", vocab=16, block=8, dtype=torch.float32).to(torch.bfloat16)
     assert not packing_available(model) and for_inference(model, path="reference") is model
     fast = for_inference(model)  # the fast path chooses among the kernels this CPU class runs: no oneDNN
-    assert all(not k.onednn for k in fast.decode_linears().values())
+    assert all(not k.onednn for k in decode_linears(fast).values())
 
 
 def test_generation_after_a_weight_change_uses_the_new_weights():

@@ -237,13 +237,14 @@ def test_variant_comparison_checker_sees_comparisons(tmp_path: Path) -> None:
 
 
 def test_the_test_command_prints_its_summary_line(tmp_path: Path) -> None:
-    """scripts/test.sh runs pytest with the project's options; its output must end with the summary
-    line (``N passed in S s``), which -qq or --no-summary in addopts would hide."""
+    """scripts/test.sh runs pytest with the project's options and its parallel processes; its output
+    must end with the summary line (``N passed in S s``), which -qq or --no-summary in addopts would hide."""
     root = SRC.parent
     script = (root / "scripts" / "test.sh").read_text()
-    assert 'pytest -p no:cacheprovider "$@"' in script
+    assert 'pytest -p no:cacheprovider "${PARALLEL[@]}" "$@"' in script
+    parallel = re.search(r"^PARALLEL=\((.*)\)$", script, re.M).group(1).split()
     (tmp_path / "test_one.py").write_text("def test_one():\n    assert True\n")
-    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-c",
+    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *parallel, "-c",
                              str(root / "pyproject.toml"), "--rootdir", str(tmp_path), str(tmp_path / "test_one.py")],
                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stdout

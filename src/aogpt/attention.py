@@ -1,6 +1,7 @@
 """Exact attention, softmax(q k^T / sqrt(d) + mask) v, and the rule that picks its kernel.
 
-Every attention in aogpt (training, evaluation, the KV-cache decode steps) goes through `attend`.
+Every attention in aogpt goes through `attend` (training, evaluation: queries and keys the same
+slots) or `attend_few` (a KV-cache step: a few queries per sequence over its cache).
 The kernels compute the same function; they differ in speed, which depends on the device, the dtype
 and the shape (measured by `aogpt bench attention`, docs/benchmarks.md):
 
@@ -98,10 +99,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=allowed, dropout_p=dropout,
                                              is_causal=causal and allowed is None)
         return out.to(v.dtype)
-    if q.is_cuda and q.shape[-2] != k.shape[-2]:  # a KV-cache step: keep cuDNN's kernel out (`_without_cudnn`)
-        with _without_cudnn():
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout,
-                                                  is_causal=causal and allowed is None)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout,
                                           is_causal=causal and allowed is None)
 
@@ -136,8 +133,9 @@ def _explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     return torch.matmul(weights, v)
 
 
-def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """FlexAttention with the (boolean or additive) mask added to each score."""
+def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
+          scale: float | None = None) -> torch.Tensor:
+    """FlexAttention with the (boolean or additive) mask added to each score (`scale`: default 1/sqrt(D))."""
     from torch.nn.attention.flex_attention import flex_attention
 
     allowed = allowed.reshape((1,) * (4 - allowed.dim()) + tuple(allowed.shape))  # (B or 1, 1, S, L)
@@ -152,27 +150,35 @@ def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tens
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # eager FlexAttention warns that it is unfused
-        return flex_attention(q, k, v, score_mod=add_mask)
+        return flex_attention(q, k, v, score_mod=add_mask, scale=scale)
 
 
-FEW_QUERY_KERNELS = ("sdpa", "matmul")
+FEW_QUERY_KERNELS = ("sdpa", "matmul")  # what `aogpt.decode.choice` measures for a KV-cache step
+CACHE_KERNELS = (*FEW_QUERY_KERNELS, "flex")  # what a KV cache may run (flex: for a compiled step)
 
 
 def attend_few(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-               kind: str = "sdpa") -> torch.Tensor:
-    """softmax(q k^T + mask) v for a decode step's few queries per sequence, q (B, H, S, D) already
-    scaled by 1/sqrt(D) (the fast decode path folds the scale into its query weights), k and v
-    (B, H, L, D) views of a KV cache, `mask` additive (B or 1, 1, S, L) or None (every column).
+               kind: str = "sdpa", scale: float = 1.0) -> torch.Tensor:
+    """softmax(scale q k^T + mask) v for a decode step's few queries per sequence, q (B, H, S, D),
+    k and v (B, H, L, D) views of a KV cache, `mask` additive (B or 1, 1, S, L) or None (every column).
 
-    ``sdpa``: torch's fused kernel (scale 1); ``matmul``: two batched products around a softmax,
-    without the fused kernel's per-call set-up (which one is faster depends on the CPU class and the
-    dtype: `aogpt.decode.choice` measures it). The softmax runs in at least float32."""
+    ``sdpa``: torch's fused kernel; ``matmul``: two batched products around a softmax, without the
+    fused kernel's per-call set-up (which one is faster depends on the CPU class and the dtype:
+    `aogpt.decode.choice` measures it); ``flex``: FlexAttention with the mask as a score
+    modification (fast only compiled). The softmax runs in at least float32."""
     if kind == "sdpa":
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+        if q.is_cuda:  # keep cuDNN's kernel out (`_without_cudnn`): a new key length every step
+            with _without_cudnn():
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    if kind == "flex":
+        allowed = mask if mask is not None else torch.zeros(q.shape[-2], k.shape[-2], dtype=q.dtype, device=q.device)
+        return _flex(q, k, v, allowed, scale)
     scores = torch.matmul(q, k.transpose(-1, -2))
+    if scale != 1.0:
+        scores = scores.mul_(scale)
     if mask is not None:
         scores = scores.add_(mask) if mask.dtype == scores.dtype else scores + mask.to(scores.dtype)
     if scores.dtype in (torch.float32, torch.float64):
         return torch.matmul(scores.softmax(-1), v)
     return torch.matmul(scores.softmax(-1, dtype=torch.float32).to(v.dtype), v)
-

@@ -1,4 +1,4 @@
-"""The backbone's interchangeable parts: norms, rotary positions, MLPs (`ModelConfig` switches).
+"""The backbone's interchangeable parts: norms, rotary positions, MLPs, attention (`ModelConfig` switches).
 
 AO-GPT's own blocks use RMSNorm, learned position tables and a GELU MLP of width 4d; these switches
 also describe the blocks of pretrained left-to-right models, so one `aogpt.model.Transformer`
@@ -9,12 +9,18 @@ attention, no biases).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from aogpt.attention import AttentionMask, attend
 from aogpt.config import ModelConfig
-from aogpt.pathway import call, linear
+from aogpt.pathway import linear, side
+
+if TYPE_CHECKING:
+    from aogpt.kv_cache import KVCache, PackedSlots
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -129,7 +135,8 @@ def _sum_to(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
 def modulated_rms_norm(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
     """rms_norm(x) * scale + shift (no norm weight: adaLN folds it into `scale`), in the autocast dtype
     when autocast is on (what the next linear layer reads)."""
-    if x.is_cuda or torch.compiler.is_compiling() or shift.dim() != 3 or scale.dim() != 3:
+    if (x.is_cuda or torch.compiler.is_compiling() or not torch.is_grad_enabled() or shift.dim() != 3
+            or scale.dim() != 3):
         return torch.addcmul(shift, rms_norm(x, None, eps), scale)
     out_dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else \
         torch.promote_types(x.dtype, torch.promote_types(shift.dtype, scale.dtype))
@@ -215,10 +222,47 @@ def apply_rotary(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> to
     return (x * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
 
 
+class FusedLinear(nn.Module):
+    """A linear layer prepared for inference that can fuse what follows its product: ``gelu(x,
+    approximate)`` = GELU(self(x)) and ``add(x, residual)`` = residual + self(x)
+    (`aogpt.decode.kernels.LinearKernel`). Any other linear layer (`nn.Linear`, or a wrapper around
+    one) gets the plain formulas from `linear_gelu` and `project`."""
+
+    def gelu(self, x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+        return F.gelu(self(x), approximate=approximate)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return residual + self(x)
+
+
+def linear_gelu(layer: nn.Module, x: torch.Tensor, approximate: str) -> torch.Tensor:
+    """GELU(layer(x)); a `FusedLinear` fuses the GELU into its product (the same function)."""
+    if isinstance(layer, FusedLinear):
+        return layer.gelu(x, approximate)
+    return F.gelu(layer(x), approximate=approximate)
+
+
+def dropping(dropout: nn.Module) -> bool:
+    """Whether `dropout` drops anything (training with p > 0): else it is skipped, not called."""
+    return dropout.training and dropout.p > 0
+
+
+def project(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor | None, dropout: nn.Module) -> torch.Tensor:
+    """An output projection, dropout(layer(x)), added to the residual stream when one is given; a
+    `FusedLinear` (inference, so no dropout) fuses the add into its product."""
+    if dropping(dropout):
+        out = dropout(layer(x))
+        return out if residual is None else residual + out
+    if residual is None:
+        return layer(x)
+    if isinstance(layer, FusedLinear):
+        return layer.add(x, residual)
+    return residual + layer(x)
+
+
 class MLP(nn.Module):
     """GELU (exact, as the paper's reference code), GELU-tanh (GPT-2) or SwiGLU (Llama), of width
-    `mlp_hidden` (default 4d). SwiGLU's gate and up projections are one matrix, [gate; up]. In a
-    gated model (`aogpt.pathway`) `forward(x, pathway=True)` uses the linear layers' W + dW."""
+    `mlp_hidden` (default 4d). SwiGLU's gate and up projections are one matrix, [gate; up]."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -230,11 +274,97 @@ class MLP(nn.Module):
         self.c_proj = linear(cfg, hidden, cfg.n_embd, bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, pathway: bool = False) -> torch.Tensor:
-        h = call(self.c_fc, x, pathway)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, pathway: bool = False) -> torch.Tensor:
+        """The MLP's output, plus `residual` when given (the block's residual add, `project`); `pathway`:
+        with the layers' W + dW (a gated model's pathway rows, `aogpt.pathway.side`)."""
+        c_fc, c_proj = side(self.c_fc, pathway), side(self.c_proj, pathway)
         if self.swiglu:
-            gate, up = h.chunk(2, dim=-1)
+            gate, up = c_fc(x).chunk(2, dim=-1)
             h = F.silu(gate) * up
         else:
-            h = self.gelu(h)
-        return self.dropout(call(self.c_proj, h, pathway))
+            h = linear_gelu(c_fc, x, self.gelu.approximate)
+        return project(c_proj, h, residual, self.dropout)
+
+
+class SelfAttention(nn.Module):
+    """Causal (or full) self-attention with the fused projection ``c_attn`` = [q; k; v]. With
+    grouped-query attention (``n_kv_head`` < ``n_head``) k and v have fewer heads, each shared by
+    ``n_head / n_kv_head`` query heads (repeated before attention; the KV cache holds them repeated)."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        d = cfg.n_embd
+        self.n_head, self.n_kv_head = cfg.n_head, cfg.kv_heads
+        self.head_dim = cfg.head_dim
+        self.split = (d, self.n_kv_head * cfg.head_dim, self.n_kv_head * cfg.head_dim)
+        self.c_attn = linear(cfg, d, sum(self.split), cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias)
+        self.c_proj = linear(cfg, d, d, cfg.bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+        self.qk_norm = cfg.qk_norm
+        self.causal = cfg.causal
+        self.dropout = cfg.dropout
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.layer_idx = layer_idx
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | AttentionMask | None, cache: KVCache | None,
+                cache_pos: int | torch.Tensor | PackedSlots | None = None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None, kernel: str = "auto",
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention's output projection (plus `residual` when given: the block's residual add, fused
+        into the product by a prepared inference kernel, `aogpt.backbone.project`)."""
+        y = self.mix(self.c_attn(x), attn_mask, cache, cache_pos, rope, kernel)
+        return project(self.c_proj, y, residual, self.resid_dropout)
+
+    def mix(self, qkv: torch.Tensor, attn_mask: torch.Tensor | AttentionMask | None, cache: KVCache | None,
+            cache_pos: int | torch.Tensor | PackedSlots | None = None,
+            rope: tuple[torch.Tensor, torch.Tensor] | None = None, kernel: str = "auto") -> torch.Tensor:
+        """Attention over the projected [q; k; v] (B, S, .): (B, S, d), before the output projection (the
+        one part of a layer where slots read each other: a gated model projects its rows apart and
+        joins them here). With a KV cache the slots are rows (B * S, 3, H, D) written to and attending
+        over the cache (`KVCache.attend_rows`); without, (B, H, S, D) attending over themselves."""
+        B, S, _ = qkv.shape
+        d = self.n_head * self.head_dim
+        if cache is not None:
+            y = cache.attend_rows(self.layer_idx, self._rows(qkv, B * S, rope), cache_pos, attn_mask,
+                                  self.head_dim ** -0.5)
+            return y.view(B, S, d)
+        q, k, v = (t.view(B, S, -1, self.head_dim) for t in qkv.split(self.split, dim=2))
+        if self.qk_norm:  # over each head's vector, as the heads move to the front
+            q = head_rms_norm(q, self.q_norm.weight, self.q_norm.eps)
+            k = head_rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+        else:
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+        v = v.transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rotary(q, rope), apply_rotary(k, rope)
+        if self.n_kv_head != self.n_head:
+            k, v = (t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in (k, v))
+        y = attend(q, k, v, attn_mask, causal=self.causal, dropout=self.dropout if self.training else 0.0,
+                   kind=kernel)
+        return y.transpose(1, 2).reshape(B, S, d)
+
+    def _rows(self, qkv: torch.Tensor, R: int, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """A cache step's q, k, v as rows (R, 3, H, D): a view of the fused projection, the QK-norm
+        written into it in place (inference), unless rotary positions or shared key heads need them
+        apart (then rotated, repeated and stacked)."""
+        H, D = self.n_head, self.head_dim
+        if rope is None and self.n_kv_head == H:
+            rows = qkv.view(R, 3, H, D)
+            if self.qk_norm:  # q and k normalised together, each scaled by its own weight
+                weight = torch.stack([self.q_norm.weight, self.k_norm.weight])[:, None]
+                normed = rms_norm(rows[:, :2], None, self.q_norm.eps)
+                if torch.is_grad_enabled():
+                    return torch.cat([normed * weight, rows[:, 2:]], dim=1)
+                torch.mul(normed, weight, out=rows[:, :2])
+            return rows
+        q, k, v = (t.view(R, -1, D) for t in qkv.reshape(R, -1).split(self.split, dim=-1))
+        if self.qk_norm:
+            q, k = rms_norm(q, self.q_norm.weight, self.q_norm.eps), rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+        if rope is not None:  # the tables (B, 1, S, D) as one per row (R, 1, D)
+            rope = tuple(t.transpose(1, 2).reshape(R, 1, D) for t in rope)
+            q, k = apply_rotary(q, rope), apply_rotary(k, rope)
+        if self.n_kv_head != H:
+            k, v = (t.repeat_interleave(H // self.n_kv_head, dim=1) for t in (k, v))
+        return torch.stack([q, k, v], dim=1)

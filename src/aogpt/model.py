@@ -30,25 +30,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aogpt.attention import AttentionMask, attend
-from aogpt.backbone import (  # noqa: F401 (RMSNorm, LayerNorm, rms_norm: their old import path)
+from aogpt.attention import AttentionMask
+from aogpt.backbone import (  # noqa: F401 (RMSNorm, LayerNorm, SelfAttention: their old import path)
     MLP,
     LayerNorm,
     RMSNorm,
+    SelfAttention,
     _RMSNormFunction,
-    apply_rotary,
+    dropping,
     fold_affine,
-    head_rms_norm,
     make_norm,
-    rms_norm,
+    project,
     rotary_tables,
 )
 from aogpt.config import ModelConfig
 from aogpt.errors import AOGPTError
 from aogpt.functional import token_nll
-from aogpt.kv_cache import Conditions, KVCache, PackedSlots
+from aogpt.kv_cache import Conditions, KVCache, PackedSlots, cache_settings
 from aogpt.orders import left_to_right_slots
-from aogpt.pathway import DELTA_NAMES, DeltaLinear, freeze_source, gated_forward, linear
+from aogpt.pathway import DELTA_NAMES, DeltaLinear, RowSplit, freeze_source, side
 
 
 def sinusoids(n: int, dim: int, std: float) -> torch.Tensor:
@@ -67,64 +67,18 @@ def embed_target(table: nn.Embedding, target: torch.Tensor) -> torch.Tensor:
     return F.embedding(target, F.pad(table.weight, (0, 0, 0, 1)))
 
 
-class SelfAttention(nn.Module):
-    """Causal (or full) self-attention with the fused projection ``c_attn`` = [q; k; v]. With
-    grouped-query attention (``n_kv_head`` < ``n_head``) k and v have fewer heads, each shared by
-    ``n_head / n_kv_head`` query heads (repeated before attention; the KV cache holds them repeated)."""
-
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
-        super().__init__()
-        d = cfg.n_embd
-        self.n_head, self.n_kv_head = cfg.n_head, cfg.kv_heads
-        self.split = (d, self.n_kv_head * cfg.head_dim, self.n_kv_head * cfg.head_dim)
-        self.c_attn = linear(cfg, d, sum(self.split), cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias)
-        self.c_proj = linear(cfg, d, d, cfg.bias)
-        if cfg.qk_norm:
-            self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
-            self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
-        self.qk_norm = cfg.qk_norm
-        self.causal = cfg.causal
-        self.dropout = cfg.dropout
-        self.resid_dropout = nn.Dropout(cfg.dropout)
-        self.layer_idx = layer_idx
-
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | AttentionMask | None, cache: KVCache | None,
-                cache_pos: int | torch.Tensor | PackedSlots | None = None,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None, kernel: str = "auto") -> torch.Tensor:
-        return self.resid_dropout(self.c_proj(self.mix(self.c_attn(x), attn_mask, cache, cache_pos, rope, kernel)))
-
-    def mix(self, qkv: torch.Tensor, attn_mask: torch.Tensor | AttentionMask | None, cache: KVCache | None,
-            cache_pos: int | torch.Tensor | PackedSlots | None = None,
-            rope: tuple[torch.Tensor, torch.Tensor] | None = None, kernel: str = "auto") -> torch.Tensor:
-        """Attention over the projected [q; k; v] (B, S, .): (B, S, d), before the output projection (the
-        part of the layer where slots read each other; a gated model projects its rows apart)."""
-        B, S, _ = qkv.shape
-        d = self.c_proj.in_features
-        q, k, v = (t.view(B, S, -1, d // self.n_head) for t in qkv.split(self.split, dim=2))
-        if self.qk_norm:  # over each head's vector, as the heads move to the front
-            q = head_rms_norm(q, self.q_norm.weight, self.q_norm.eps)
-            k = head_rms_norm(k, self.k_norm.weight, self.k_norm.eps)
-        else:
-            q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = v.transpose(1, 2)
-        if rope is not None:
-            q, k = apply_rotary(q, rope), apply_rotary(k, rope)
-        if self.n_kv_head != self.n_head:
-            k, v = (t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in (k, v))
-        if cache is not None:
-            y = cache.attend(self.layer_idx, q, k, v, cache_pos, attn_mask)
-        else:
-            y = attend(q, k, v, attn_mask, causal=self.causal, dropout=self.dropout if self.training else 0.0,
-                       kind=kernel)
-        return y.transpose(1, 2).reshape(B, S, d)
-
-
 class Block(nn.Module):
     """Pre-norm transformer block. `cond` is the block's target information: the adaLN modulation
     (shift/scale/gate for attention and MLP) for AO-GPT, an embedding added to the block input for
     the every-block / per-block injections, or None. It may also be a function of the block that
     computes it: then it runs inside the block's forward, where an FSDP2-sharded block has its
-    weights gathered."""
+    weights gathered.
+
+    In a model with a gated pathway (`aogpt.pathway`) a forward passes `split`, its rows by gate: `x`
+    is then the pair (the source's rows, the pathway's rows) and `cond` the pathway's rows' modulation.
+    Each group goes through the same two halves of the block as any model's rows (`_attention_input`,
+    `_attention_output`), the source's with its plain norms and weights, the pathway's modulated and
+    with W + dW, and the groups meet in attention only."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
@@ -148,21 +102,42 @@ class Block(nn.Module):
         return torch.cat([*fold_affine(self.ln_1, shift_a, scale_a), gate_a,
                           *fold_affine(self.ln_2, shift_m, scale_m), gate_m], dim=-1)
 
-    def forward(self, x: torch.Tensor, cond: torch.Tensor | None, attn_mask: torch.Tensor | AttentionMask | None,
+    def _attention_input(self, x: torch.Tensor, mod: Any, pathway: bool = False) -> torch.Tensor:
+        """The first half of the block up to attention: [q; k; v] of the normed (or modulated) rows."""
+        h = self.ln_1(x) if mod is None else self.ln_1.modulate(x, mod[0], mod[1])
+        return side(self.attn.c_attn, pathway)(h)
+
+    def _attention_output(self, x: torch.Tensor, y: torch.Tensor, mod: Any, pathway: bool = False) -> torch.Tensor:
+        """The rest of the block from attention's output `y`: the output projection and the MLP, each
+        added to the residual stream (scaled by the modulation's gates when there is one)."""
+        attn, mlp = self.attn, self.mlp
+        proj = side(attn.c_proj, pathway)
+        if mod is None:
+            x = project(proj, y, x, attn.resid_dropout)
+            return mlp(self.ln_2(x), residual=x, pathway=pathway)
+        x = torch.addcmul(x, mod[2], project(proj, y, None, attn.resid_dropout))
+        return torch.addcmul(x, mod[5], mlp(self.ln_2.modulate(x, mod[3], mod[4]), pathway=pathway))
+
+    def forward(self, x: Any, cond: torch.Tensor | None, attn_mask: torch.Tensor | AttentionMask | None,
                 cache: KVCache | None, cache_pos: int | torch.Tensor | PackedSlots | None = None,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None, kernel: str = "auto") -> torch.Tensor:
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None, kernel: str = "auto",
+                split: RowSplit | None = None) -> Any:
         if callable(cond):
             cond = cond(self)
-        if not self.adaptive:
-            if cond is not None:
-                x = x + cond
-            x = x + self.attn(self.ln_1(x), attn_mask, cache, cache_pos, rope, kernel)
-            return x + self.mlp(self.ln_2(x))
-        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = cond if isinstance(cond, tuple) else cond.chunk(6, -1)
-        h = self.ln_1.modulate(x, shift_a, scale_a)
-        x = torch.addcmul(x, gate_a, self.attn(h, attn_mask, cache, cache_pos, rope, kernel))
-        h = self.ln_2.modulate(x, shift_m, scale_m)
-        return torch.addcmul(x, gate_m, self.mlp(h))
+        mod = None
+        if self.adaptive and cond is not None:
+            mod = cond if isinstance(cond, tuple) else cond.chunk(6, -1)
+        elif cond is not None:
+            x = x + cond
+        if split is None:
+            y = self.attn.mix(self._attention_input(x, mod), attn_mask, cache, cache_pos, rope, kernel)
+            return self._attention_output(x, y, mod)
+        x0, x1 = x  # the source's rows (plain norms, W), the pathway's (modulated, W + dW)
+        qkv = split.join(None if x0 is None else self._attention_input(x0, None),
+                         None if x1 is None else self._attention_input(x1, mod, True))
+        y0, y1 = split.split(self.attn.mix(qkv, attn_mask, cache, cache_pos, rope, kernel))
+        return (None if x0 is None else self._attention_output(x0, y0, None),
+                None if x1 is None else self._attention_output(x1, y1, mod, True))
 
 
 class FinalLayer(nn.Module):
@@ -184,12 +159,18 @@ class FinalLayer(nn.Module):
 
 @dataclass
 class Kernels:
-    """How a forward is computed, never what: the attention kernel (`aogpt.attention.KERNELS`), and
-    whether an any-order read is laid out by target position (`Transformer.forward`). Switching them
-    changes speed and rounding only; ``Kernels.reference()`` is the plain layout with torch's SDPA."""
+    """How a forward is computed, never what: the attention kernel of a forward over its own slots
+    (`aogpt.attention.KERNELS`), whether an any-order read is laid out by target position
+    (`Transformer.forward`), and for KV-cache steps the few-query kernel, the dtype the cache keeps
+    and the layout of a ragged step (`aogpt.kv_cache`; None: the defaults there). Switching them
+    changes speed and rounding only; ``Kernels.reference()`` is the plain layout with torch's SDPA.
+    The decode path (`aogpt.decode`) sets the cache's three from what it measured on the machine."""
 
     attention: str = "auto"
     by_target: bool = True
+    cache_attention: str | None = None
+    cache_store: torch.dtype | None = None
+    ragged: str | None = None
 
     @classmethod
     def reference(cls) -> Kernels:
@@ -307,18 +288,25 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def conditions(self) -> Conditions | None:
         """The per-position adaLN tables of the current weights (None unless AO-GPT's adaLN): what a
-        KV cache is set up with, so decode steps look the modulation up instead of computing it."""
+        KV cache is set up with, so decode steps look the modulation up instead of computing it.
+        Every block's table is a column slice of one table, so a step looks them all up at once."""
         if self.config.target != "adaln":
             return None
         positions = F.pad(self.transformer.wtpe.weight, (0, 0, 0, 1))
-        return Conditions([b.condition(positions) for b in self.transformer.h],
-                          self.transformer.final_layer.condition(positions))
+        blocks = self.transformer.h
+        width = 6 * self.config.n_embd
+        table = positions.new_empty(positions.shape[0], width * len(blocks))
+        for i, block in enumerate(blocks):
+            table[:, i * width:(i + 1) * width] = block.condition(positions)
+        return Conditions([table[:, i * width:(i + 1) * width] for i in range(len(blocks))],
+                          self.transformer.final_layer.condition(positions), table)
 
     def _block_conditions(self, target: torch.Tensor, conditions: Conditions | None) -> list[Any]:
         kind, blocks = self.config.target, self.transformer.h
         if kind == "adaln":
-            if conditions is not None:
-                return [F.embedding(target, table) for table in conditions.blocks]
+            if conditions is not None:  # one lookup for every block
+                rows, width = F.embedding(target, conditions.table), 6 * self.config.n_embd
+                return [rows[..., i * width:(i + 1) * width] for i in range(len(blocks))]
             return [functools.partial(self._adaptive, target=target)] * len(blocks)  # computed by each block
         if kind == "every-block":
             shared = embed_target(self.transformer.wtpe, target)
@@ -352,29 +340,66 @@ class Transformer(nn.Module):
             if cache_pos is None:
                 raise AOGPTError("a forward with a KV cache needs cache_pos (where its keys go)", "pass cache_pos")
             conditions = conditions if conditions is not None else cache.conditions
-        x = self.transformer.drop(self.embed(tokens, pos, target))
+        x = self.embed(tokens, pos, target)
+        if dropping(self.transformer.drop):
+            x = self.transformer.drop(x)
         cfg = self.config
         rope = rotary_tables(pos, cfg.head_dim, cfg.rope_theta) if cfg.positions == "rotary" else None
         kernel = self.kernels.attention
-        if cfg.pathway == "gated":
+        split = None
+        if cfg.pathway == "gated":  # the rows apart by gate (`aogpt.pathway`); the pathway's get the target
             if gate is None:
                 if cache is not None:
                     raise AOGPTError("a gated model's cached step needs each slot's gate",
-                                     "pass gate= (aogpt.orders.left_to_right_slots)")
+                                     "pass gate= (aogpt.orders.step_gates)")
                 gate = ~left_to_right_slots(pos.expand(tokens.shape), target.expand(tokens.shape))
-            return gated_forward(self, x, target, gate.expand(tokens.shape), attn_mask, cache, cache_pos, select,
-                                 conditions, rope, kernel)
-        for block, cond in zip(self.transformer.h, self._block_conditions(target, conditions), strict=True):
-            x = block(x, cond, attn_mask, cache, cache_pos, rope, kernel)
+            gate, target = gate.expand(tokens.shape), target.expand(tokens.shape)
+            split = RowSplit(gate)
+            x, conds = self._pathway_rows(split, x, target, conditions)
+        else:
+            conds = self._block_conditions(target, conditions)
+        for block, cond in zip(self.transformer.h, conds, strict=True):
+            x = block(x, cond, attn_mask, cache, cache_pos, rope, kernel, split)
+        if split is not None:
+            x = split.join(*x)
         if select is not None:
             x = x.gather(1, select.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
             target = target.expand(select.shape[0], -1).gather(1, select)
-        if self.config.target == "adaln":
-            final = self.transformer.final_layer
-            x = final(x, self._adaptive(final, target, None if conditions is None else conditions.final))
-        else:
-            x = self.transformer.ln_f(x)
-        return self.lm_head(x)
+            split = None if split is None else RowSplit(gate.gather(1, select))
+        return self.lm_head(self._final(x, target, conditions, split))
+
+    def _pathway_rows(self, split: RowSplit, x: torch.Tensor, target: torch.Tensor, conditions: Conditions | None
+                      ) -> tuple[tuple[torch.Tensor | None, torch.Tensor | None], list[Any]]:
+        """A gated model's embedded slots as (the source's rows, the pathway's rows), the target entering the
+        pathway's rows only (sigma-GPT's table at the input), and the blocks' modulation of those rows
+        (AO-GPT's adaLN; None for the source's, which are the source's blocks)."""
+        x0, x1 = split.split(x)
+        conds: list[Any] = [None] * len(self.transformer.h)
+        if split.has_pathway:
+            wanted = split.select(target)
+            if self.config.target == "input":
+                x1 = x1 + embed_target(self.transformer.wtpe, wanted)
+            else:
+                conds = self._block_conditions(wanted, conditions)
+        return (x0, x1), conds
+
+    def _final(self, x: torch.Tensor, target: torch.Tensor, conditions: Conditions | None,
+               split: RowSplit | None) -> torch.Tensor:
+        """The final norm before the head (AO-GPT's modulated by the target); in a gated model the
+        source's rows take the source's plain norm, the pathway's the modulated one."""
+        tr = self.transformer
+        final = tr.final_layer if self.config.target == "adaln" else None
+
+        def norm(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            if final is None:
+                return tr.ln_f(h)
+            return final(h, self._adaptive(final, t, None if conditions is None else conditions.final))
+
+        if split is None:
+            return norm(x, target)
+        h0, h1 = split.split(x)
+        plain = tr.ln_f if final is None else final.ln_f
+        return split.join(None if h0 is None else plain(h0), None if h1 is None else norm(h1, split.select(target)))
 
     def slots_for_order(self, idx: torch.Tensor, order: torch.Tensor, with_last_slot: bool = False
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -457,10 +482,15 @@ class Transformer(nn.Module):
         allowed = (rank[:, None, :] <= rank[:, :, None]).unsqueeze(1)  # (B, 1, rows, rows)
         return self.forward_slots(tokens, pos, target, attn_mask=AttentionMask(allowed))
 
-    def setup_cache(self, batch: int, capacity: int | None = None, attention: str = "sdpa") -> KVCache:
+    def setup_cache(self, batch: int, capacity: int | None = None, attention: str = "auto",
+                    conditions: Conditions | None = None) -> KVCache:
         """A static KV cache for `batch` sequences of up to `capacity` slots (default: the context
-        plus the start slot and one scratch column), with the adaLN tables of the current weights;
-        `attention` picks the kernel decode steps use (`aogpt.kv_cache.attention`)."""
+        plus the start slot and one scratch column), with the adaLN tables of the current weights
+        (or `conditions`, computed once by a caller that sets up many caches); `attention` is the
+        generation's attention setting, which with this model's `kernels` decides the cache's
+        kernel and dtype (`aogpt.kv_cache.cache_settings`)."""
         cfg, p = self.config, next(self.parameters())
+        kernel, store = cache_settings(attention, p.device, p.dtype, self.kernels.cache_attention,
+                                       self.kernels.cache_store)
         return KVCache(cfg.n_layer, batch, cfg.n_head, capacity or cfg.block_size + 2, cfg.head_dim, p.device,
-                       p.dtype, self.conditions(), attention)
+                       p.dtype, conditions if conditions is not None else self.conditions(), kernel, store)

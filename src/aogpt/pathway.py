@@ -20,11 +20,18 @@ product per layer and row, as the source does, not two. The rows of a forward ar
 (`RowSplit`) wherever they are computed row by row, and meet in attention, where every slot reads
 the keys and values of the slots before it: a left-to-right slot's keys and values are the
 source's, so the KV cache of a left-to-right read is the source's cache.
+
+The forward itself is the model's (`aogpt.model.Transformer.forward_slots` passes the split to every
+`aogpt.model.Block`, whose two halves each group goes through); this module holds the parts: the
+delta layers, the split, which weights are the pathway's, and `side`, the one place a row's group
+picks its weights.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -87,6 +94,10 @@ class DeltaLinear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         return F.linear(x, self.pathway_weight(), self.bias)
 
+    def pathway_linear(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The layer as the pathway's rows compute it, x -> (W + dW) x + b (`side`)."""
+        return functools.partial(self.forward, pathway=True)
+
     def extra_repr(self) -> str:
         return super().extra_repr() + f", delta rank={self.rank or 'full'}"
 
@@ -103,9 +114,12 @@ def linear(cfg, in_features: int, out_features: int, bias: bool) -> nn.Linear:
     return nn.Linear(in_features, out_features, bias=bias)
 
 
-def call(module: nn.Module, x: torch.Tensor, pathway: bool) -> torch.Tensor:
-    """`module(x)` with the source's weights, or with the pathway's (a `DeltaLinear`'s W + dW)."""
-    return module(x, True) if pathway else module(x)
+def side(layer: Any, pathway: bool) -> Any:
+    """The linear layer a group of rows computes with: `layer` itself for the source's rows (its W),
+    its ``pathway_linear()`` for the pathway's (W + dW: a `DeltaLinear`'s, or in the fast decode path
+    the kernel of the merged weight, `aogpt.decode.gated.GatedKernel`). Either is called like the
+    layer, so `aogpt.backbone.linear_gelu` and `project` take it as they take any linear layer."""
+    return layer.pathway_linear() if pathway else layer
 
 
 def is_pathway(name: str) -> bool:
@@ -174,77 +188,5 @@ class RowSplit:
         return flat if self.pure == "pathway" else flat.index_select(0, self.pathway_rows)
 
 
-# ------------------------------------------------------------------ a gated model's forward (`aogpt.model`)
-def block_forward(block: nn.Module, parts: tuple[torch.Tensor | None, torch.Tensor | None], cond: Any,
-                  split: RowSplit, attn_mask: Any, cache: Any, cache_pos: Any = None, rope: Any = None,
-                  kernel: str = "auto") -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """A gated model's block (`aogpt.model.Block`): `parts` are the rows of the source's slots and of the
-    pathway's (`split`); the source's are computed by its own norms and weights, exactly as the source's
-    block computes them, the pathway's by the modulated norms (`cond`: their adaLN rows; sigma-GPT: none)
-    and W + dW. They meet in attention only."""
-    x0, x1 = parts
-    if callable(cond):
-        cond = cond(block)
-    h0 = None if x0 is None else block.ln_1(x0)
-    h1 = None
-    if x1 is not None:
-        if block.adaptive:
-            shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = cond if isinstance(cond, tuple) else cond.chunk(6, -1)
-            h1 = block.ln_1.modulate(x1, shift_a, scale_a)
-        else:
-            h1 = block.ln_1(x1)
-    attn = block.attn
-    qkv = split.join(None if h0 is None else attn.c_attn(h0), None if h1 is None else attn.c_attn(h1, True))
-    y0, y1 = split.split(attn.mix(qkv, attn_mask, cache, cache_pos, rope, kernel))
-    if x0 is not None:
-        x0 = x0 + attn.resid_dropout(attn.c_proj(y0))
-        x0 = x0 + block.mlp(block.ln_2(x0))
-    if x1 is not None:
-        a1 = attn.resid_dropout(attn.c_proj(y1, True))
-        if block.adaptive:
-            x1 = torch.addcmul(x1, gate_a, a1)
-            x1 = torch.addcmul(x1, gate_m, block.mlp(block.ln_2.modulate(x1, shift_m, scale_m), True))
-        else:
-            x1 = x1 + a1
-            x1 = x1 + block.mlp(block.ln_2(x1), True)
-    return x0, x1
-
-
-def gated_forward(model: nn.Module, x: torch.Tensor, target: torch.Tensor, gate: torch.Tensor, attn_mask: Any,
-                  cache: Any, cache_pos: Any, select: torch.Tensor | None, conditions: Any, rope: Any,
-                  kernel: str) -> torch.Tensor:
-    """`Transformer.forward_slots` of a gated model from its embedded slots `x` (the source's embedding): the
-    source's slots (gate 0) and the pathway's (gate 1) apart wherever rows are computed one by one,
-    together in attention (module docstring)."""
-    cfg, tr = model.config, model.transformer
-    target = target.expand(gate.shape)
-    split = RowSplit(gate)
-    x0, x1 = split.split(x)
-    conds: list[Any] = [None] * len(tr.h)
-    if split.has_pathway:
-        wanted = split.select(target)
-        if cfg.target == "input":
-            x1 = x1 + F.embedding(wanted, F.pad(tr.wtpe.weight, (0, 0, 0, 1)))  # `aogpt.model.embed_target`
-        else:
-            conds = model._block_conditions(wanted, conditions)
-    for block, cond in zip(tr.h, conds, strict=True):
-        x0, x1 = block_forward(block, (x0, x1), cond, split, attn_mask, cache, cache_pos, rope, kernel)
-    x = split.join(x0, x1)
-    if select is not None:
-        x = x.gather(1, select.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-        target, gate = target.gather(1, select), gate.gather(1, select)
-        split = RowSplit(gate)
-    h0, h1 = split.split(x)
-    if cfg.target == "adaln":
-        final = tr.final_layer
-        h0 = None if h0 is None else final.ln_f(h0)
-        if h1 is not None:
-            table = None if conditions is None else conditions.final
-            h1 = final(h1, model._adaptive(final, split.select(target), table))
-    else:
-        h0, h1 = (None if h is None else tr.ln_f(h) for h in (h0, h1))
-    return model.lm_head(split.join(h0, h1))
-
-
-__all__ = ["DELTA_NAMES", "PATHWAYS", "DeltaLinear", "RowSplit", "block_forward", "call", "freeze_source",
-           "gated_forward", "is_gated", "is_pathway", "linear"]
+__all__ = ["DELTA_NAMES", "PATHWAYS", "DeltaLinear", "RowSplit", "freeze_source", "is_gated", "is_pathway", "linear",
+           "side"]

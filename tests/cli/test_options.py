@@ -56,6 +56,8 @@ BASES = {  # an invocation that is valid on its own; the random options are adde
     "serve": ["serve", "--checkpoint", "{run}", "--port", "0"],
     "bench serve": ["bench", "serve", "--checkpoint", "{run}", "--quick", "--out", "{t}/b", "--no-progress"],
     "bench gpu": ["bench", "gpu", "--quick", "--out", "{t}/b", "--no-progress"],
+    "bench gap-length": ["bench", "gap-length", "--checkpoint", "{run}", "--data", "{data}", "--quick",
+                         "--out", "{t}/b", "--no-progress"],
 }
 
 
@@ -89,6 +91,7 @@ STAND_INS = [  # where each command's work begins, after every check
     "aogpt.serve.engine.Engine",  # serve
     "aogpt.bench.serve.clients.bench_serve",
     "aogpt.bench.gpu.run.Run",  # bench gpu
+    "aogpt.bench.generation.gap_length.bench_gap_length",
 ]
 
 

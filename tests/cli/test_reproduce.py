@@ -14,6 +14,7 @@ from aogpt import stats
 from aogpt.reproduce.findings import FINDINGS
 from aogpt.reproduce.runner import resolve_findings
 
+pytestmark = pytest.mark.slow  # every test reads the one end-to-end run below
 VERDICTS = {stats.REPRODUCED, stats.NOT_REPRODUCED, stats.INCONCLUSIVE}
 
 

@@ -44,6 +44,22 @@ def test_unconditional_json_matches_the_python_api(cli, runs):
     assert max(max(row) for row in summary["tokens"]) < 257  # padding ids are never sampled
 
 
+def test_until_eot_ends_each_text_at_its_first_end_of_text_token_in_position_order(cli, runs):
+    base = ("sample", "--checkpoint", runs["aogpt"], "--prompt", "To", "-n", "12", "--length", "40", "--seed", "2",
+            "--json", "--dtype", "fp32")
+    whole, cut = cli(*base), cli(*base, "--until-eot")
+    assert cut.code == 0, cut.err
+    assert cut.json["tokens"] == whole.json["tokens"]  # the same samples; only their texts end earlier
+    eot, tok = 256, aogpt.load(runs["aogpt"]).tokenizer
+    ended = 0
+    for row, end, text in zip(cut.json["tokens"], cut.json["text_ends"], cut.json["samples"], strict=True):
+        first = row.index(eot, 2) if eot in row[2:] else None
+        assert end == first and text == tok.decode(row[:first] if first is not None else row)
+        ended += first is not None
+    assert 0 < ended < 12, "the seed must give samples with and without an end-of-text token"
+    assert f"{ended} of 12 sample(s) ended before --length" in cut.err
+
+
 def test_raw_weights_differ_and_no_cache_agrees(cli, runs):
     base = ("sample", "--checkpoint", runs["aogpt"], "--num-samples", "2", "--length", "16", "--seed", "3",
             "--json", "--policy", "count", "--steps", "5")
@@ -111,6 +127,7 @@ def test_gpt_samples_left_to_right_with_the_same_machinery(cli, runs):
     (("--candidates", "4"), "adaptive order"),
     (("--order", "margin", "--threshold", "0"), "threshold"),
     (("--order", "entropy", "--candidates", "0"), "candidates"),
+    (("--infill", "a[MASK]b", "--until-eot"), "--until-eot ends a continuation"),
 ])
 def test_bad_input_is_one_line_exit_2(cli, runs, args, match):
     res = cli("sample", "--checkpoint", runs["aogpt"], *args)

@@ -1,8 +1,9 @@
 """One sample per seed: the execution path never changes which tokens a seed draws.
 
 Sequence i of `generate(seed=s)` draws from its own streams (`aogpt.generation.streams`), so the
-KV cache or full recomputation, the packed or padded layout of a step, the batch size, the attention
-kernel and the decode path must all give the same tokens, orders and step counts (float64 models:
+KV cache or full recomputation, the packed or padded layout of a step, the static shapes of a
+captured step (run eagerly here), the batch size, the attention kernel and the decode path must all
+give the same tokens, orders and step counts (float64 models:
 the paths' logits differ by rounding only, far below the gap a uniform would have to fall into to
 draw another token). Every policy and every kind of order is covered, for AO-GPT, sigma-GPT, our GPT
 and the encoder-only MDM.
@@ -42,6 +43,7 @@ def paths(kw: dict) -> list[dict]:
            dict(batch_size=3, decode_path="reference"), dict(batch_size=N, decode_path="reference", attention="sdpa")]
     if "speculative" not in kw:
         out += [dict(batch_size=N, use_cache=False), dict(batch_size=2, use_cache=False)]
+    out += [dict(batch_size=N, graphs="eager"), dict(batch_size=2, graphs="eager")]  # a GPU's static-shape steps
     return out
 
 
@@ -90,3 +92,26 @@ def test_different_seeds_still_differ():
     model = tiny_model("aogpt", vocab=11, block=n)
     a, b = (generate(model, num_samples=N, length=n, seed=s).tokens for s in (1, 2))
     assert not torch.equal(a, b)
+
+
+@pytest.mark.parametrize("case", ["random, bernoulli", "given order, prompt", "margin, 3 candidates, bernoulli",
+                                  "speculative 3"])
+def test_one_seed_per_sample_draws_what_each_seed_draws_alone(case):
+    """`generate(seed=[s0, s1, ...])`: independent requests decoded as one batch (split across
+    batches too), each sample what ``generate(seed=s_i)`` gives for its only sample."""
+    kw = {**FIXED, **ADAPTIVE, **SPECULATIVE}[case]
+    model = tiny_model("aogpt", vocab=11, block=n)
+    seeds = [3, 41, 3, 1 << 40, 7]
+    together = generate(model, num_samples=N, length=n, seed=seeds, batch_size=3, **kw)
+    for i, s in enumerate(seeds):
+        alone = generate(model, num_samples=1, length=n, seed=s, **kw)
+        assert torch.equal(together.tokens[i], alone.tokens[0]) and torch.equal(together.orders[i], alone.orders[0])
+    assert together.settings["seed"] == seeds
+    assert not torch.equal(together.tokens[0], together.tokens[1])
+
+
+def test_a_seed_list_of_the_wrong_length_is_refused():
+    from aogpt.errors import AOGPTError
+
+    with pytest.raises(AOGPTError, match="one seed per sample"):
+        generate(tiny_model("aogpt", vocab=11, block=n), num_samples=3, length=n, seed=[1, 2])

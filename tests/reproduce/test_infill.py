@@ -18,6 +18,7 @@ from aogpt.reproduce import pipeline
 from aogpt.reproduce.findings import FINDINGS, INFILL_LENGTHS, infill_key
 from aogpt.reproduce.scale import QUICK
 
+pytestmark = pytest.mark.slow  # every test reads the one end-to-end run below
 TINY = dataclasses.replace(QUICK, n_embd=16, steps=6, evals=2, batch_size=4, eval_batches=2, warmup_steps=2, seeds=2,
                            infill_block_size=88, infill_context=8, infill_cuts=4)
 

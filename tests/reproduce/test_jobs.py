@@ -47,6 +47,7 @@ def test_a_stop_before_a_piece_trains_one_step_and_checkpoints(tmp_path, bytes_d
     assert run.step() == 1 and not run.done
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_workers_and_two_processes_finish_the_runs_one_process_trains(tmp_path, bytes_data):
     data = PreparedData(bytes_data)
     long = dataclasses.replace(SCALE, steps=120)

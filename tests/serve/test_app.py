@@ -45,7 +45,10 @@ def test_a_completion_is_offline_generation_for_the_same_seed(server):
                     tokenizer=tok).tokens
     for i, choice in enumerate(body["choices"]):
         assert choice["aogpt"]["tokens"] == want[i].tolist()
-        assert choice["text"] == tok.decode(want[i, len(ids):]) and choice["finish_reason"] == "length"
+        completion = want[i, len(ids):].tolist()
+        ended = tok.eot_id in completion  # a continuation ends at its first end-of-text token
+        assert choice["text"] == tok.decode(completion[:completion.index(tok.eot_id)] if ended else completion)
+        assert choice["finish_reason"] == ("stop" if ended else "length")
     assert body["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 40, "total_tokens": len(ids) + 40}
     assert body["aogpt"]["seed"] == 5 and body["model"] == server.name
 
@@ -96,6 +99,7 @@ def test_models_health_and_the_page(server):
     assert [m["id"] for m in models["data"]] == [server.name]
     health = httpx.get(server.url + "/health").json()
     assert health["status"] == "ok" and health["batch_invariant"] is True
+    assert health["decode_kernels"] == server.engine.decode_kernels and "attention" in health["decode_kernels"]
     page = httpx.get(server.url + "/")
     assert page.status_code == 200 and "<script>" in page.text and "http" not in page.text.split("<body>")[1]
 
@@ -130,7 +134,15 @@ BAD = [  # (body, status, words in the one-line reason)
     ({"prompt": "a", "steps": 30, "max_tokens": 4}, 400, "steps must lie in 1..5"),
     ({"prompt": "a", "speculative": 2, "order": "confidence"}, 400, "adaptive order"),
     ({"prompt": [1, 2, 999]}, 400, "outside the model's vocabulary"),
-    ({"prompt": "a", "echo": True}, 400, "echo"),
+    ({"prompt": "a[MASK]b", "echo": True}, 400, "echo returns a prompt followed by its continuation"),
+    ({"prompt": "a", "echo": True, "logprobs": 21}, 400, "logprobs: Input should be less than or equal to 20"),
+    ({"prompt": "a", "suffix": "b" * 40, "max_tokens": 2}, 400, "exceed the model's context of 32"),
+    ({"prompt": "a", "suffix": "b" * 40}, 400, "leave no room for a gap in the model's context of 32"),
+    ({"prompt": "a[MASK]", "suffix": "b"}, 400, "takes no suffix"),
+    ({"prompt": "a[MASK:?]b[MASK:?]"}, 400, "more than one [MASK:?]"),
+    ({"prompt": "ab [MASK:?]"}, 400, "a gap of unknown length needs text after it"),
+    ({"prompt": "a", "logprobs": 1, "stream": True}, 400, "a stream carries one prompt"),
+    ({"prompt": ["a", "b"], "n": 9}, 400, "n x prompts = 9 x 2 = 18 is more than"),
     ({"prompt": "a", "model": "gpt-4"}, 404, "is not served here"),
     ({"prompt": "a [MASK:0] b"}, 400, "bad blank"),
     ({"prompt": "x" * 1_000_001}, 400, "at most 1000000 characters"),
@@ -220,6 +232,7 @@ def test_a_bug_is_a_500_without_traceback(tiny_loaded, monkeypatch):
         assert "Traceback" not in r.text
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_running_requests_and_refuses_new_ones(slow_checkpoint):
     """`aogpt serve` in its own process: SIGTERM while six streams run; all six finish, nothing new
     is served after it, and the process exits 0."""

@@ -71,6 +71,7 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(point, leftover, cli, by
     assert not list(out.glob(".ckpt-*")) and not (out / ".aogpt.lock").exists()
 
 
+@pytest.mark.slow
 def test_a_second_writer_is_refused_and_sigterm_then_resume_equals_an_uninterrupted_run(
         cli, bytes_data, tmp_path, uninterrupted):
     out = tmp_path / "run"

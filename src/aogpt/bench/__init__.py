@@ -6,7 +6,8 @@ The code sits in rooms by kind; each room's commands are registered in one CLI f
   `generate` + `generate_report` (generation time against steps, the paper's Figure 5; `hf_gpt2`:
   transformers' GPT-2 as a contender), `density` (one exact likelihood, decoder against encoder),
   `speculative` (exact self-speculative decoding), `adaptive` + `adaptive_report` (puzzle solving with
-  adaptive orders), `attention` (the exact attention kernels side by side).
+  adaptive orders), `attention` (the exact attention kernels side by side), `gap_length` (the length
+  of a gap the model chooses, against the true one and a fixed guess).
 - `aogpt.bench.training` (CLI: cli/bench_training.py): training and data. `train_step` +
   `train_profile` (training-step throughput of every variant), `eval` (evaluation against training, an
   ensemble member's cost), `prepare` (the cost of `aogpt prepare`, worker processes against threads),

@@ -157,20 +157,24 @@ class Timings:
 
 def interleaved_timings(calls: dict[Any, Callable[[], Any]], device: torch.device, repeats: int,
                         long_run: float = math.inf, progress: Callable[[Any], None] | None = None,
-                        deadline: float | None = None, cutoff: float | None = None) -> Timings:
+                        deadline: float | None = None, cutoff: float | None = None,
+                        expected: dict[Any, float] | None = None) -> Timings:
     """Median wall and CPU seconds of every call over `repeats` rounds. Each round runs every call once,
     in order, so a change in the machine's load hits all contenders alike. A call whose first run took
     longer than `long_run` seconds is not repeated (its relative noise is already small, and the slow
     baselines would otherwise dominate the run). Past `deadline` (a `time.monotonic()` value) no further
-    repeat starts: every call still runs once; past `cutoff` no run starts at all, and the calls not run
-    yet are left out of the result (a time-boxed part reports them as not timed). progress(key) is
-    called after every run, untimed."""
+    repeat starts: every call still runs once; past `cutoff` no run starts at all, nor one expected to
+    end past it (its last run's seconds, or before its first run `expected[key]`, the caller's
+    estimate), and the calls not run are left out of the result (a time-boxed part reports them as
+    not timed). progress(key) is called after every run, untimed."""
     wall: dict[Any, list[float]] = {k: [] for k in calls}
     cpu: dict[Any, list[float]] = {k: [] for k in calls}
     for r in range(repeats):
         for key, fn in calls.items():
-            if cutoff is not None and time.monotonic() > cutoff:
-                break
+            if cutoff is not None:
+                last = wall[key][-1] if wall[key] else (expected or {}).get(key, 0.0)
+                if time.monotonic() + last > cutoff:
+                    continue
             if r and (not wall[key] or wall[key][0] > long_run or deadline is not None and time.monotonic() > deadline):
                 continue
             w, c = timed_cpu(fn, device)

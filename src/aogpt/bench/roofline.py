@@ -58,13 +58,10 @@ class StepBytes:
 def decode_weight_bytes(model: torch.nn.Module) -> float:
     """The weights and biases of the decode path's products (blocks' q/k/v, attention output, MLP;
     the output head), in the model's dtype."""
-    from aogpt.inference import DECODE_PATH
+    from aogpt.decode.runner import decode_linears
 
-    total = 0
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear) and name.endswith(DECODE_PATH):
-            total += sum(p.numel() * p.element_size() for p in module.parameters(recurse=False))
-    return float(total)
+    return float(sum(p.numel() * p.element_size() for layer in decode_linears(model).values()
+                     for p in layer.parameters(recurse=False)))
 
 
 def lookup_bytes_per_row(model: torch.nn.Module) -> float:

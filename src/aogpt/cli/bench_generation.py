@@ -1,7 +1,8 @@
 """The generation room of `aogpt bench` (`aogpt.bench.generation`): `generate` (generation time against
 steps, the paper's Figure 5), `density` (the cost of one exact likelihood), `speculative` (exact
-self-speculative decoding), `adaptive` (puzzle solving with adaptive orders) and `attention` (the exact
-attention kernels side by side). Behaviour and decisions: docs/benchmarks.md."""
+self-speculative decoding), `adaptive` (puzzle solving with adaptive orders), `attention` (the exact
+attention kernels side by side) and `gap-length` (the length of a gap the model chooses, against the
+true one and a fixed guess). Behaviour and decisions: docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -45,9 +46,9 @@ def add_generate(sub: Any) -> None:
                    help="generation steps: integers, n or n/K (default 16,32,64,128,256)")
     g.add_argument("--methods", default=None, metavar="M,M,...",
                    help="aogpt, aogpt-count, aogpt-nocache, encoder, encoder-noskip, encoder-est (T x one timed "
-                   "pass: for long n), gpt, hf-gpt2 (transformers GPT-2), aogpt-reference, gpt-reference (the "
-                   "previous decode path, for the speed-up; default: aogpt, aogpt-count, aogpt-nocache, encoder, "
-                   "encoder-noskip, gpt, hf-gpt2)")
+                   "pass: for long n), gpt, hf-gpt2 (transformers GPT-2), aogpt-reference, gpt-reference "
+                   "(the reference decode path, torch's default kernels, for the speed-up; default: aogpt, "
+                   "aogpt-count, aogpt-nocache, encoder, encoder-noskip, gpt, hf-gpt2)")
     g.add_argument("--top-p", type=config_arg(SamplingConfig, "top_p"), default=1.0,
                    help="nucleus sampling threshold for every contender (default 1)")
     g.add_argument("--temperature", type=config_arg(SamplingConfig, "temperature"), default=1.0,
@@ -371,6 +372,58 @@ def run_gated(args: argparse.Namespace) -> int:
     return report(args, "bench gated", result, to_markdown(result))
 
 
+
+def add_gap_length(sub: Any) -> None:
+    """`aogpt bench gap-length`."""
+    g = sub.add_parser("gap-length", help="the gap length an any-order model chooses, against the true one and a "
+                       "fixed guess", description="Cut held-out spans of whole words out of a prepared data "
+                       "directory's validation split, give the model the text on both sides without the length, and "
+                       "compare the length it chooses from its exact likelihoods (importance sampling with its own "
+                       "fills, 1, 4 and 16 per length) with the true one and with a fixed guess (the median length on "
+                       "the training split): exact, within 1 and 2 tokens, and the bits per byte of the filled text. "
+                       "Writes DIR/gap-length.md and .json.")
+    g.add_argument("--checkpoint", metavar="RUN", type=path_arg, required=True,
+                   help="an any-order decoder's run or ckpt-* directory")
+    g.add_argument("--data", metavar="DIR", type=path_arg, required=True,
+                   help="the prepared data directory the model was trained on (its val split is held out)")
+    g.add_argument("--spans", type=int_arg(ge=1, le=100_000), default=None,
+                   help=f"spans per seed (default {GAP_DEFAULTS['spans']})")
+    g.add_argument("--seeds", type=int_arg(ge=1, le=100), default=None,
+                   help=f"seeds, each its own spans and draws (default {GAP_DEFAULTS['seeds']})")
+    g.add_argument("--weights", choices=("ema", "raw"), default="ema", help="EMA (default) or raw weights")
+    run_flags(g, checkpoints=False, device=False)
+    g.add_argument("--threads", type=int_arg(ge=1, le=4096), default=None, metavar="N",
+                   help="CPU threads for torch (default: torch's, 1 on a busy machine)")
+    g.set_defaults(func=run_gap_length)
+
+
+def run_gap_length(args: argparse.Namespace) -> int:
+    from aogpt.bench.generation.gap_length import QUICK, bench_gap_length, to_markdown
+    from aogpt.checkpoint import load
+    from aogpt.data import PreparedData
+    from aogpt.generation.length import check_model
+
+    setup(args)
+    data = PreparedData(args.data)
+    loaded = load(args.checkpoint, weights=args.weights)
+    check_model(loaded.model)
+    spans = args.spans or (QUICK["spans"] if args.quick else GAP_DEFAULTS["spans"])
+    seeds = args.seeds or (QUICK["seeds"] if args.quick else GAP_DEFAULTS["seeds"])
+    extra = {k: v for k, v in QUICK.items() if k not in ("spans", "seeds")} if args.quick else {}
+    bar, update = progress_bar(spans * seeds, args, "bench gap-length")
+    try:
+        result = bench_gap_length(loaded.model, loaded.tokenizer, data.split("val"), data.split("train"),
+                                  spans=spans, seeds=seeds, seed=args.seed, out=args.out, progress=update,
+                                  meta={"checkpoint": str(loaded.path), "step": loaded.step, "data": str(args.data),
+                                        "weights": args.weights}, **extra)
+    finally:
+        bar.close()
+    return report(args, "bench gap-length", {k: v for k, v in result.items() if k != "per_span"}, to_markdown(result))
+
+
+GAP_DEFAULTS = {"spans": 64, "seeds": 3}
+
 BENCHMARKS = {"generate": add_generate, "density": add_density, "speculative": add_speculative,
-              "adaptive": add_adaptive, "attention": add_attention, "gated": add_gated}
+              "adaptive": add_adaptive, "attention": add_attention, "gated": add_gated,
+              "gap-length": add_gap_length}
 """Each benchmark of this room and what registers it under `aogpt bench` (cli/bench.py calls them)."""

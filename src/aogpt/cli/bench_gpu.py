@@ -12,24 +12,25 @@ from aogpt.cli.bench_common import run_flags, setup
 from aogpt.cli.common import emit_json
 from aogpt.errors import AOGPTError
 
-HELP = "check and measure every GPU path (correctness, Figure 5, training throughput, DDP/FSDP2), planned for 8 minutes"
+HELP = "measure and check every GPU path (Figure 5, training throughput, correctness, DDP/FSDP2), planned for 8 minutes"
 
 
 def add_gpu(sub: Any) -> None:
     """`aogpt bench gpu`."""
     g = sub.add_parser("gpu", help=HELP, description=(
-        "On the first CUDA device: correctness checks (attention kernels, KV cache = recomputation in fp32 and "
-        "bf16, a chi-square test of the sampler's law, likelihood and a training step against the CPU, a "
-        "checkpoint written on the GPU loaded on the CPU), the paper's Figure 5 at GPT-2 small's size (n = 1024, "
-        "batch 32), training throughput (compiled, bf16, fused AdamW: tokens/s, MFU, peak memory against the "
-        "dry-run estimate), and DDP / FSDP2 under torchrun against one process. Each part is isolated and has a "
-        "time share; DIR/gpu.md, gpu.json and gpu-figure5.png are rewritten after every part. Exit status 0 "
-        "when every check passed, 1 otherwise. See docs/gpu.md."))
+        "On the first CUDA device, in this order: the paper's Figure 5 at GPT-2 small's size (n = 1024, batch 32; "
+        "our GPT and AO-GPT with their decode steps captured as CUDA graphs), training throughput (compiled, "
+        "bf16, fused AdamW: tokens/s, MFU, peak memory against the dry-run estimate), correctness checks "
+        "(attention kernels, KV cache = recomputation in fp32 and bf16, a chi-square test of the sampler's law, "
+        "likelihood and a training step against the CPU, a checkpoint written on the GPU loaded on the CPU), "
+        "and DDP / FSDP2 under torchrun against one process. Each part is isolated and has a time share it cannot "
+        "overrun; DIR/gpu.md, gpu.json and gpu-figure5.png are rewritten after every part. Exit status 0 when "
+        "every check passed, 1 otherwise. See docs/gpu.md."))
     g.add_argument("--dry-run", action="store_true",
                    help="print the plan (sizes, steps, each part's estimated time at H100 rates) and exit: 0 when "
                    "it fits 8 minutes, 1 when not; runs nothing, writes nothing")
     g.add_argument("--parts", default=None, metavar="P,P,...",
-                   help="run only these parts: correctness, figure5, distributed, training (default: all)")
+                   help="run only these parts: figure5, training, correctness, distributed (default: all)")
     run_flags(g, checkpoints=False)
     g.set_defaults(func=run_gpu)
 

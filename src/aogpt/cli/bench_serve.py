@@ -18,10 +18,12 @@ def add_serve(sub: Any) -> None:
     """`aogpt bench serve`."""
     s = sub.add_parser("serve", help="the HTTP server: N concurrent clients against one request at a time",
                        description="Start `aogpt serve` on the loopback interface, send the same requests (each its "
-                       "own seed) one at a time and from N concurrent clients, round after round: tokens/s, p50/p99 "
-                       "latency, the server's CPU time and the share of outputs identical to the one-at-a-time run "
-                       "and to generate(); in-process generate() rows for reference; optionally a bounded soak that "
-                       "counts lost, duplicated and wrong answers. Writes DIR/serve.md and .json.")
+                       "own seed, a random order) one at a time and from N concurrent clients, and decode them "
+                       "in-process with generate() one at a time and N at a time, round after round: tokens/s, wall "
+                       "and CPU time, p50/p99 latency and the share of outputs identical to generate(), with the "
+                       "goals (N concurrent at least 4x one at a time, within 1.25x of generate() N at a time); "
+                       "optionally a bounded soak that counts lost, duplicated and wrong answers. Writes "
+                       "DIR/serve.md and .json.")
     s.add_argument("--checkpoint", metavar="RUN", type=path_arg, required=True, help="run or ckpt-* directory to serve")
     s.add_argument("--clients", type=int_arg(ge=1, le=MAX_CLIENTS), default=None,
                    help=f"concurrent clients, 1..{MAX_CLIENTS} (default {DEFAULTS['clients']})")

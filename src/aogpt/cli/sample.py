@@ -73,6 +73,10 @@ def add_parser(subparsers: Any) -> None:
                    help="draw tokens in float32 (default float64: float32 lowers the effective temperature)")
     p.add_argument("--batch-size", type=config_arg(GenerationSettings, "batch_size"), default=32,
                    help="sequences decoded together (default 32)")
+    p.add_argument("--until-eot", action="store_true",
+                   help="end each sample's text at its first end-of-text token (in position order: in a random "
+                   "order, tokens after it may have been drawn before it; they are dropped from the text) instead "
+                   "of showing the whole --length")
     p.add_argument("--weights", choices=("ema", "raw"), default="ema", help="EMA (default) or raw weights")
     p.add_argument("--show", type=int_arg(ge=0, le=MAX_SAMPLES), default=None, metavar="N",
                    help="print only the first N samples (default: all; --json still holds all)")
@@ -83,7 +87,8 @@ def add_parser(subparsers: Any) -> None:
                    help="recompute every slot at every step instead of using the KV cache (slow; for comparison)")
     p.add_argument("--decode-path", choices=DECODE_PATHS, default="fast",
                    help="how a decode step is computed: fast (kernels measured on this CPU, the default) or "
-                   "reference (the previous path, for comparison); the same samples either way")
+                   "reference (the model's own layers with torch's default kernels, for comparison); the same samples "
+                   "either way")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
     p.add_argument("--dtype", type=precision_arg(WEIGHTS), default="auto", metavar="P",
                    help="the model's weights for the forward passes: auto (whichever of fp32 and bf16 generates "
@@ -166,7 +171,7 @@ def _describe(s: dict[str, Any], weights: str) -> str:
               f"top-k {s['top_k']}", f"seed {s['seed']}", f"{weights} weights",
               "KV cache" if s["use_cache"] else "no cache"]
     if s.get("decode_path") == "reference":
-        parts.append("the previous decode path")
+        parts.append("the reference decode path (torch's default kernels)")
     return "settings: " + ", ".join(parts)
 
 
@@ -278,9 +283,12 @@ def settings_from_args(args: argparse.Namespace) -> GenerationSettings:
 
 def run(args: argparse.Namespace) -> int:
     from aogpt.checkpoint import load
-    from aogpt.generation.generate import generate, infill
+    from aogpt.generation.generate import generate, infill, text_end
 
     settings = settings_from_args(args)
+    if args.until_eot and (args.infill is not None or args.known is not None):
+        raise AOGPTError("--until-eot ends a continuation where its text ends, but blanks have fixed places",
+                         "drop --until-eot, or use --prompt")
     device = resolve_device(args.device)
     known_words = _training_words(args.word_check) if args.word_check is not None else None
     dtype = torch.float32 if args.dtype == "auto" else to_dtype(args.dtype)
@@ -339,6 +347,14 @@ def run(args: argparse.Namespace) -> int:
               "--infill-method or --order picks another)" if args.infill_method is None and not fim else ""),
               file=sys.stderr)
     texts = res.texts or []
+    ends = None
+    if args.until_eot:  # the text ends at the first end-of-text token after the prompt
+        start = len(loaded.tokenizer.encode(args.prompt)) if args.prompt else 0
+        ends = [text_end(row.numpy(), start, getattr(loaded.tokenizer, "eot_id", None)) for row in res.tokens]
+        texts = [loaded.tokenizer.decode(row[:end]) if end is not None else text
+                 for row, end, text in zip(res.tokens, ends, texts, strict=True)]
+        cut = sum(e is not None for e in ends)
+        print(f"until end of text: {cut} of {len(ends)} sample(s) ended before --length", file=sys.stderr)
     shown = texts if args.show is None else texts[:args.show]
     extra: dict[str, Any] = {}
     if passage is not None:
@@ -365,7 +381,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"command": "sample", "checkpoint": str(loaded.path), "step": loaded.step,
                    "weights": args.weights,
-                   "precision": name_of(dtype), "precision_why": why, "samples": res.texts,
+                   "precision": name_of(dtype), "precision_why": why, "samples": texts,
+                   **({"text_ends": ends} if ends is not None else {}),
                    "tokens": res.tokens.tolist(),
                    "timing": res.timing, "settings": res.settings, **extra,
                    **({"word_share": share.share, "words": share.total} if share is not None else {})})

@@ -23,8 +23,10 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from aogpt import capability
+from aogpt.backbone import FusedLinear
 
 KINDS = ("onednn", "onednn1", "mkl", "plain")
 PACK_ROWS = {"onednn": 2, "onednn1": 1}  # the row count each oneDNN kind packs its weight for
@@ -33,53 +35,69 @@ PACK_ROWS = {"onednn": 2, "onednn1": 1}  # the row count each oneDNN kind packs 
 FUSED = "+fused"  # a kind's suffix: its GELU and residual add fused into the product (oneDNN's post-ops)
 
 
-class LinearKernel:
-    """x W^T + b by `kind` for rows (R, in); see the module docstring. A oneDNN kind named with the
+class LinearKernel(FusedLinear):
+    """x W^T + b by `kind` for rows (..., in); see the module docstring. A oneDNN kind named with the
     `FUSED` suffix fuses the GELU and the residual add into the product (post-ops, which may change
-    whether a row's bits depend on the row count); without it they are separate operations."""
+    whether a row's bits depend on the row count); without it they are separate operations.
+
+    It keeps the layer's own weight and bias as its parameters (shared, never copied: a model whose
+    linear layers are swapped for kernels has the same parameters) and the prepared copy beside them."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kind: str):
+        super().__init__()
         self.name = kind
         self.fused = kind.endswith(FUSED)
         kind = kind.removesuffix(FUSED)
-        self.kind, self.bias = kind, bias
+        self.kind, self.weight, self.bias = kind, weight, bias
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         w = weight.detach()
         self.onednn = kind in PACK_ROWS
         if self.onednn:
-            self.weight = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS[kind])
+            self.prepared = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS[kind])
         elif kind == "mkl":
-            self.weight = w.t().contiguous()
+            self.prepared = w.t().contiguous()
         else:
-            self.weight = w
+            self.prepared = w
+        self._bias = None if bias is None else bias.detach()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    @classmethod
+    def of(cls, layer: nn.Linear, kind: str) -> LinearKernel:
+        return cls(layer.weight, layer.bias, kind)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, kind={self.name}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.onednn:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+            return torch.ops.mkldnn._linear_pointwise(x, self.prepared, self._bias, "none", [], "")
         if self.kind == "mkl":
-            return torch.mm(x, self.weight) if self.bias is None else torch.addmm(self.bias, x, self.weight)
-        return F.linear(x, self.weight, self.bias)
+            rows = x.reshape(-1, self.in_features)
+            out = torch.mm(rows, self.prepared) if self._bias is None else torch.addmm(self._bias, rows, self.prepared)
+            return out.view(*x.shape[:-1], self.out_features)
+        return F.linear(x, self.prepared, self._bias)
 
     def gelu(self, x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
         if self.fused:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "gelu", [], approximate)
+            return torch.ops.mkldnn._linear_pointwise(x, self.prepared, self._bias, "gelu", [], approximate)
         return F.gelu(self(x), approximate=approximate)
 
     def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         if self.fused:
-            return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.weight, self.bias, "add")
+            return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.prepared, self._bias, "add")
         if self.kind == "mkl":
-            out = torch.addmm(residual, x, self.weight)
-            return out if self.bias is None else out.add_(self.bias)
+            rows = x.reshape(-1, self.in_features)
+            out = torch.addmm(residual.reshape(-1, self.out_features), rows, self.prepared)
+            out = out if self._bias is None else out.add_(self._bias)
+            return out.view(residual.shape)
         return residual + self(x)
 
     @property
     def nbytes(self) -> int:
         """Bytes a call reads from the weight (and bias): the step's share of the memory traffic."""
-        w = self.weight
+        w = self.prepared
         size = w.numel() * w.element_size() if w.layout == torch.strided else \
             self.in_features * self.out_features * w.element_size()
-        return size + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
+        return size + (0 if self._bias is None else self._bias.numel() * self._bias.element_size())
 
 
 def available(dtype: torch.dtype, device: torch.device, fused: bool = False) -> list[str]:

@@ -44,10 +44,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from aogpt.decode.layouts import ragged_layout, sequence_major, step_rows
 from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
 from aogpt.generation.streams import SequenceStreams
-from aogpt.kv_cache import ragged_layout, sequence_major, step_rows
 from aogpt.orders import ADAPTIVE, identity_run, step_gates
 from aogpt.pathway import is_gated
 from aogpt.sampling import SamplingConfig, sample_tokens

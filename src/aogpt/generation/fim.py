@@ -35,6 +35,7 @@ from aogpt.families import unwrap
 from aogpt.generation.conditioning import parse_template
 from aogpt.generation.decoder import DecoderSampler
 from aogpt.generation.generate import GenerationResult
+from aogpt.generation.reveal import Revealed
 from aogpt.generation.settings import GenerationSettings, settings_from
 from aogpt.generation.streams import SequenceStreams
 
@@ -89,24 +90,40 @@ def _rows(prefix: torch.Tensor, suffix: torch.Tensor, sentinels: Sentinels) -> t
 
 
 def _draw(model: torch.nn.Module, rows: torch.Tensor, k: int, settings: GenerationSettings, sampling: Any,
-          streams: SequenceStreams, progress: Callable[[int], None] | None) -> torch.Tensor:
+          streams: SequenceStreams, progress: Callable[[int], None] | None,
+          on_token: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:
     """k tokens after each row (B, m), left to right with the KV cache: (B, k); each sequence's draws
-    from its own stream (`streams`), so a seed decides a sample whatever the batch size."""
+    from its own stream (`streams`), so a seed decides a sample whatever the batch size. `on_token`:
+    called after each step with the index j of the token drawn and the B tokens."""
     B, m = rows.shape
     device = next(model.parameters()).device
     chain = torch.arange(m + k, device=device).expand(B, m + k)
     sampler = DecoderSampler(model, chain, rows.to(device), np.ones((B, k), dtype=np.int64), settings)
-    return sampler.run(sampling, streams, progress)[:, m:].cpu()
+    report = progress
+    if on_token is not None:
+        drawn = 0
+
+        def report(count: int) -> None:
+            nonlocal drawn
+            on_token(drawn, sampler.decided()[:, m + drawn].cpu())
+            drawn += 1
+            if progress is not None:
+                progress(count)
+
+    return sampler.run(sampling, streams, report)[:, m:].cpu()
 
 
 @torch.inference_mode()
 def fim_fill(model: Any, template: Any, *, tokenizer: Any = None, length: int | None = None, num_samples: int = 1,
              seed: int | None = None, settings: GenerationSettings | None = None,
-             progress: Callable[[int], None] | None = None, **overrides: Any) -> GenerationResult:
+             progress: Callable[[int], None] | None = None, on_step: Callable[[Revealed], None] | None = None,
+             condition: Any = None, return_text: bool | None = None, **overrides: Any) -> GenerationResult:
     """Fill the blanks of `template` (text with ``[MASK:k]``, a {position: token} mapping with `length`,
-    or ids with None) with a fill-in-the-middle model (module docstring). Sampling settings
-    (temperature, top_p, top_k, greedy, dtype, batch_size) as for `aogpt.generate`; the order is the
-    method's. Returns a `GenerationResult` like `aogpt.infill`'s."""
+    or ids with None; or a ready `condition`) with a fill-in-the-middle model (module docstring).
+    Sampling settings (temperature, top_p, top_k, greedy, dtype, batch_size) as for `aogpt.generate`;
+    the order is the method's. `on_step`: each drawn token as a `Revealed` step (one token of every
+    sequence of the batch per step), as `aogpt.generate` reports them. Returns a `GenerationResult`
+    like `aogpt.infill`'s."""
     core, sentinels = _model(model)
     settings = settings_from(settings, **{k: v for k, v in overrides.items() if v is not None}).validate()
     if settings.plan.order is not None or settings.plan.speculative is not None or settings.plan.steps is not None:
@@ -114,7 +131,8 @@ def fim_fill(model: Any, template: Any, *, tokenizer: Any = None, length: int | 
                          "drop the order, steps and speculative settings")
     if num_samples < 1:
         raise AOGPTError(f"num_samples must be >= 1, got {num_samples}", "ask for at least one sample")
-    cond = parse_template(template, tokenizer=tokenizer, length=length, config=core.config)
+    cond = condition if condition is not None else parse_template(template, tokenizer=tokenizer, length=length,
+                                                                  config=core.config)
     n = cond.length
     known = torch.zeros(n, dtype=torch.bool)
     known[cond.positions] = True
@@ -131,10 +149,18 @@ def fim_fill(model: Any, template: Any, *, tokenizer: Any = None, length: int | 
         for start in range(0, num_samples, settings.batch_size):
             tokens = base.expand(min(settings.batch_size, num_samples - start), n).clone()
             streams = SequenceStreams(int(seed), start, tokens.shape[0])
+            rows = np.arange(start, start + tokens.shape[0])
+            step = 0
             for a, b in gaps(known):
                 prefix, suffix = sides(tokens, known, (a, b), room(core, b - a))
+
+                def on_token(j: int, drawn: torch.Tensor, a: int = a, rows: np.ndarray = rows) -> None:
+                    nonlocal step
+                    step += 1
+                    on_step(Revealed(step, rows, np.full(len(rows), a + j), drawn.numpy()))
+
                 tokens[:, a:b] = _draw(core, _rows(prefix, suffix, sentinels), b - a, settings, sampling, streams,
-                                       progress)
+                                       progress, on_token if on_step is not None else None)
             out.append(tokens)
     finally:
         core.train(was_training)
@@ -149,7 +175,8 @@ def fim_fill(model: Any, template: Any, *, tokenizer: Any = None, length: int | 
     batches = -(-num_samples // settings.batch_size)
     timing = {"seconds": seconds, "tokens_per_second": num_samples * masked / max(seconds, 1e-9),
               "forwards": batches * masked}  # one forward per token of a batch (the first of a gap reads its row)
-    texts = None if tokenizer is None else [tokenizer.decode(row) for row in tokens]
+    want_text = tokenizer is not None if return_text is None else return_text
+    texts = [tokenizer.decode(row) for row in tokens] if want_text and tokenizer is not None else None
     return GenerationResult(tokens, chain.clone(), torch.ones(num_samples, masked, dtype=torch.long), known, texts,
                             timing, report)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,7 @@ from aogpt.memory import check_fits, generation_bytes
 from aogpt.orders import is_adaptive
 from aogpt.schedules import count_schedule
 
-__all__ = ["Conditioning", "DecodePlan", "GenerationResult", "GenerationSettings", "generate", "infill"]
+__all__ = ["Conditioning", "DecodePlan", "GenerationResult", "GenerationSettings", "generate", "infill", "text_end"]
 
 
 @dataclass
@@ -55,6 +55,16 @@ class GenerationResult:
     timing: dict[str, float] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
     logits: torch.Tensor | None = None
+
+
+def text_end(row: Any, start: int, eot: int | None) -> int | None:
+    """Where a continuation's text ends: the position of the first end-of-text token at or after
+    `start` in position order (None: none, or no `eot`). In any order but left to right, tokens
+    after it may have been revealed before it; they belong to the sample, not to its text."""
+    if eot is None:
+        return None
+    hits = np.flatnonzero(np.asarray(row)[start:] == eot)
+    return start + int(hits[0]) if len(hits) else None
 
 
 def _check_model(model: Any) -> torch.nn.Module:
@@ -84,7 +94,7 @@ class _Request:
     order: Any  # resolved fixed order (`resolve_order`); for an adaptive order "l2r" (known positions first)
     adaptive: bool
     speculative: int | str | None  # draft length K or "auto" (`aogpt.generation.speculative`); None: off
-    seed: int  # sequence i of the call draws from its own streams, keyed by (seed, i): `aogpt.generation.streams`
+    seed: int | list[int]  # sequence i draws from its own streams, keyed by (seed, i) or (seed[i], 0): `streams`
     teacher_tokens: torch.Tensor | None
     record_logits: bool
     on_step: Callable[[Revealed], None] | None = None
@@ -109,8 +119,8 @@ class _Batch:
 
 
 def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = None, num_samples: int = 1,
-             length: int | None = None, prompt: Any = None, seed: int | None = None, tokenizer: Any = None,
-             return_text: bool | None = None, teacher_tokens: torch.Tensor | None = None,
+             length: int | None = None, prompt: Any = None, seed: int | Sequence[int] | None = None,
+             tokenizer: Any = None, return_text: bool | None = None, teacher_tokens: torch.Tensor | None = None,
              record_logits: bool = False, progress: Callable[[int], None] | None = None,
              condition: Conditioning | None = None, on_step: Callable[[Revealed], None] | None = None,
              **overrides: Any) -> GenerationResult:
@@ -124,12 +134,16 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
     threshold, `aogpt.generation.adaptive`), speculative (K or "auto": exact self-speculative
     decoding, `aogpt.generation.speculative`; replaces steps and policy),
     temperature, top_p, top_k, greedy, dtype (precision of the draw, default float64),
-    batch_size (default 32), use_cache, prepack (CPU: decode weights packed once, `aogpt.inference`),
+    batch_size (default 32), use_cache, prepack (the decode path's prepared kernels, `aogpt.inference`),
     attention (the decode attention kernel, `aogpt.attention.KERNELS`; default auto), compile
     (torch.compile the decode step), skip_noop (an encoder skips the forward of steps that reveal
-    nothing, docs/encoder.md), decode_path ("fast", the default: `aogpt.decode`; "reference": the
-    previous path). Sample i draws from its own random streams keyed by (seed, i)
+    nothing, docs/encoder.md), decode_path ("fast", the default: the kernels `aogpt.decode` measured;
+    "reference": the model's own layers), graphs ("auto": a GPU's decode steps captured as CUDA
+    graphs, `aogpt.decode.graphs`; "off"; "eager": their static shapes without capture). Sample i
+    draws from its own random streams keyed by (seed, i)
     (`aogpt.generation.streams`): the batch size, the cache and the decode path do not change it.
+    `seed` may also be one seed per sample: sample i then draws what ``generate(seed=seed[i])``
+    draws for its only sample (independent requests decoded as one batch, as `aogpt serve` does).
     prompt: a prefix (text, needs `tokenizer`, or ids). teacher_tokens (N, n): feed these back instead
     of sampling (tests); record_logits keeps every query's logits. on_step: called after every step
     with the positions it revealed (`aogpt.generation.reveal.Revealed`). See docs/generation.md.
@@ -150,7 +164,7 @@ def generate(model: torch.nn.Module, *, settings: GenerationSettings | None = No
 
 def _resolve(model: torch.nn.Module, settings: GenerationSettings | None, overrides: dict[str, Any], *,
              num_samples: int, length: int | None, prompt: Any, condition: Conditioning | None, tokenizer: Any,
-             seed: int | None, teacher_tokens: Any, record_logits: bool) -> _Request:
+             seed: int | Sequence[int] | None, teacher_tokens: Any, record_logits: bool) -> _Request:
     """Check every argument against the model's family and resolve the defaults (known positions,
     steps, policy, order, seed), so that a mistake is reported before any forward runs."""
     model = _check_model(model)
@@ -188,6 +202,11 @@ def _resolve(model: torch.nn.Module, settings: GenerationSettings | None, overri
                              order=order_arg if adaptive else order, known_positions=condition.positions)
     if seed is None:
         seed = int.from_bytes(os.urandom(8), "little") >> 2
+    elif not isinstance(seed, (int, np.integer)):  # one seed per sample
+        seed = [int(s) for s in seed]
+        if len(seed) != num_samples:
+            raise AOGPTError(f"seed lists {len(seed)} seeds for {num_samples} samples",
+                             "give one seed per sample, or a single seed")
     device = next(model.parameters()).device
     check_fits(generation_bytes(model.config, batch_size, n, steps, num_samples, use_cache=settings.use_cache,
                                 kv_cache=fam.kv_cache, record_logits=record_logits), device, "generation",
@@ -200,7 +219,8 @@ def _resolve(model: torch.nn.Module, settings: GenerationSettings | None, overri
     known_mask[condition.positions] = True
     known_chain = condition.tokens[condition.positions.argsort()].to(device)
     return _Request(model, fam, settings, sampling, num_samples, batch_size, n,
-                    known_mask, known_chain, steps, policy, order_arg, order, adaptive, speculative, int(seed),
+                    known_mask, known_chain, steps, policy, order_arg, order, adaptive, speculative,
+                    seed if isinstance(seed, list) else int(seed),
                     teacher_tokens, record_logits)
 
 
@@ -208,8 +228,7 @@ def _run(req: _Request, progress: Callable[[int], None] | None) -> tuple[list[_B
     """Decode every batch in inference mode (the model's training flag restored after); the batches
     and the seconds taken."""
     model = req.model
-    runner = for_inference(model, rows_hint=req.batch_size, path=decode_path(req.settings)) \
-        if req.settings.prepack and not req.settings.compile else model
+    runner = for_inference(model, path=decode_path(req.settings)) if req.settings.prepack else model
     device = next(model.parameters()).device
     batches = []
     was_training = model.training
@@ -228,10 +247,8 @@ def _run(req: _Request, progress: Callable[[int], None] | None) -> tuple[list[_B
 
 
 def decode_path(settings: GenerationSettings) -> str:
-    """The decode path a generation runs on: the setting's, except that FlexAttention (fast only
-    compiled) and a compiled step take the reference path (oneDNN's pre-packed weights are opaque to
-    inductor: a compiled step runs the model's plain linear layers, which `prepack` leaves unpacked)."""
-    return "reference" if settings.compile or settings.attention == "flex" else settings.decode_path
+    """The decode path a generation runs on (`GenerationSettings.path`)."""
+    return settings.path()
 
 
 def _run_batch(req: _Request, runner: torch.nn.Module, start: int, B: int,

@@ -24,7 +24,7 @@ import torch
 
 from aogpt.generation.streams import SequenceStreams
 from aogpt.orders import OrderSampler, check_permutation, make_order_sampler
-from aogpt.schedules import bernoulli_counts, count_schedule, unmask_probabilities
+from aogpt.schedules import count_schedule, unmask_probabilities
 
 
 def resolve_order(order: Any, num_samples: int, n: int) -> OrderSampler | torch.Tensor:
@@ -57,9 +57,60 @@ def step_counts(policy: str, schedule: str, steps: int, masked: int, batch: int,
     sequence's ``plan`` stream."""
     if policy == "count":
         return np.tile(np.asarray(count_schedule(masked, steps, schedule), dtype=np.int64), (batch, 1))
+    return _bernoulli_steps(masked, unmask_probabilities(steps, schedule), batch, streams)
+
+
+def _bernoulli_steps(masked: int, probs: list[float], batch: int, streams: SequenceStreams,
+                     block: int = 8) -> np.ndarray:
+    """`bernoulli_counts` at every step (Lemma 4.1: each still-masked position fires with the step's
+    probability), each sequence's uniforms taken in order from its ``plan`` stream: the very draws of
+    calling it step by step with ``streams.uniforms``, read `block` x masked at a time
+    (`SequenceStreams.ahead`) instead of with one stream call per step, which cost more than the whole
+    rest of a one-sequence plan."""
+    if batch == 1:
+        return _bernoulli_one(masked, probs, streams, block)[None]
     left = np.full(batch, masked, dtype=np.int64)
-    out = np.zeros((batch, steps), dtype=np.int64)
-    for t, p in enumerate(unmask_probabilities(steps, schedule)):
-        out[:, t] = bernoulli_counts(left, p, lambda seqs: streams.uniforms(seqs, "plan"))
+    out = np.zeros((batch, len(probs)), dtype=np.int64)
+    used = np.zeros(batch, dtype=np.int64)  # words of the block taken so far, per sequence
+    ahead = np.empty((batch, 0))
+    for t, p in enumerate(probs):
+        if p >= 1.0:  # as bernoulli_counts: everything, and no draw
+            out[:, t], left = left, np.zeros_like(left)
+            continue
+        if p <= 0.0 or not left.any():
+            continue
+        need = used + left
+        if need.max() > ahead.shape[1]:
+            streams.advance("plan", used)
+            used, need = np.zeros_like(used), left.copy()
+            ahead = streams.ahead("plan", max(block * masked, int(left.max())))
+        lo, hi = int(used.min()), int(need.max())
+        cols = np.arange(lo, hi)
+        fired = (ahead[:, lo:hi] < p) & (cols >= used[:, None]) & (cols < need[:, None])
+        out[:, t] = fired.sum(axis=1)
         left -= out[:, t]
+        used = need
+    streams.advance("plan", used)
+    return out
+
+
+def _bernoulli_one(masked: int, probs: list[float], streams: SequenceStreams, block: int) -> np.ndarray:
+    """`_bernoulli_steps` for one sequence (every served request), in plain integers: the same draws
+    and counts, a few microseconds a step instead of a dozen array operations."""
+    out = np.zeros(len(probs), dtype=np.int64)
+    left, used, ahead = masked, 0, np.empty(0)
+    for t, p in enumerate(probs):
+        if p >= 1.0:
+            out[t], left = left, 0
+            continue
+        if p <= 0.0 or left == 0:
+            continue
+        if used + left > len(ahead):
+            streams.advance("plan", np.array([used]))
+            used, ahead = 0, streams.ahead("plan", max(block * masked, left))[0]
+        k = int(np.count_nonzero(ahead[used:used + left] < p))
+        out[t] = k
+        used += left
+        left -= k
+    streams.advance("plan", np.array([used]))
     return out

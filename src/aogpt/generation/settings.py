@@ -2,8 +2,8 @@
 
 `GenerationSettings` = how each token is drawn (`SamplingConfig`: temperature, top-p, top-k,
 greedy, precision) + how the positions are revealed (`DecodePlan`: steps, policy, schedule, order)
-+ how the work is run (batch size, KV cache, pre-packed weights on the CPU, attention kernel,
-torch.compile).
++ how the work is run (batch size, KV cache, the decode path's kernels, attention kernel,
+torch.compile, CUDA graphs).
 `aogpt.generation.generate.generate(model, settings=...)` takes it; the familiar keyword arguments
 (``temperature=0.8, steps=32, ...``) are shortcuts that override single fields
 (`GenerationSettings.with_overrides`).
@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from aogpt.decode.graphs import MODES as GRAPH_MODES
 from aogpt.errors import AOGPTError, check_choice
 from aogpt.kv_cache import ATTENTION
 from aogpt.orders import ADAPTIVE, is_adaptive
@@ -89,15 +90,16 @@ class GenerationSettings:
     plan: DecodePlan = field(default_factory=DecodePlan)
     batch_size: int = bounded(32, ge=1, le=2**20)
     use_cache: bool = True
-    prepack: bool = True  # CPU: decode-path weights packed once for oneDNN (`aogpt.inference`)
+    prepack: bool = True  # the decode path's prepared kernels (`aogpt.inference`); False: the model as it is
     attention: str = "auto"  # decode attention kernel (`aogpt.attention`): auto (explicit for bf16 on a CPU), sdpa, ...
     compile: bool | str = False  # torch.compile the decode step (True: inductor; or a backend name)
     skip_noop: bool = True  # encoder: skip the forward of steps that reveal nothing (MDLM's trick)
-    decode_path: str = "fast"  # "fast": the small-step path (`aogpt.decode`); "reference": the earlier one
+    decode_path: str = "fast"  # "fast": the measured kernels (`aogpt.decode`); "reference": torch's own
+    graphs: str = "auto"  # decode steps as CUDA graphs (`aogpt.decode.graphs`): auto (on a GPU), off, eager
 
     SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "greedy", "dtype")
     PLAN_FIELDS = ("steps", "policy", "schedule", "order", "speculative", "candidates", "threshold")
-    RUN_FIELDS = ("batch_size", "use_cache", "prepack", "attention", "compile", "skip_noop", "decode_path")
+    RUN_FIELDS = ("batch_size", "use_cache", "prepack", "attention", "compile", "skip_noop", "decode_path", "graphs")
 
     def with_overrides(self, **overrides: Any) -> GenerationSettings:
         """A copy with single fields replaced by their keyword names (``temperature=0.8,
@@ -115,13 +117,20 @@ class GenerationSettings:
         self.plan.validate()
         check_choice("attention", self.attention, ATTENTION)
         check_choice("decode path", self.decode_path, DECODE_PATHS)
+        check_choice("graphs", self.graphs, GRAPH_MODES)
         check_ranges(self, "generation settings")
         return self
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.plan.to_dict(), **self.sampling.to_dict(), "batch_size": self.batch_size,
                 "use_cache": self.use_cache, "prepack": self.prepack, "attention": self.attention,
-                "compile": self.compile, "decode_path": self.decode_path}
+                "compile": self.compile, "decode_path": self.decode_path, "graphs": self.graphs}
+
+    def path(self) -> str:
+        """The decode path a generation runs on: `decode_path`, except that FlexAttention (fast only
+        compiled) and a compiled step take the reference path (oneDNN's pre-packed weights are opaque
+        to inductor: a compiled step runs the model's own linear layers)."""
+        return "reference" if self.compile or self.attention == "flex" else self.decode_path
 
 
 def settings_from(settings: GenerationSettings | None, **overrides: Any) -> GenerationSettings:

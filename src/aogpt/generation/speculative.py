@@ -37,11 +37,11 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from aogpt.decode.layouts import ragged_layout, sequence_major, step_rows
 from aogpt.generation.decoder import compiled
 from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
 from aogpt.generation.streams import SequenceStreams
-from aogpt.kv_cache import ragged_layout, sequence_major, step_rows
 from aogpt.orders import identity_run, step_gates
 from aogpt.pathway import is_gated
 from aogpt.sampling import SamplingConfig, categorical, probabilities, sample_tokens

@@ -19,6 +19,8 @@ object per sequence and no Python loop per row. Uniforms are float64 with 53 ran
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
@@ -52,13 +54,20 @@ def _to_unit(words: np.ndarray, dtype: torch.dtype) -> np.ndarray:
 
 class SequenceStreams:
     """The streams of sequences ``first .. first + count - 1`` of a `generate` call with `seed`;
-    sequences are addressed by their index within this batch (0 .. count - 1)."""
+    sequences are addressed by their index within this batch (0 .. count - 1). `seed` may also give
+    one seed per sequence of the call: sequence i then has the streams of the only sequence of a call
+    with ``seeds[i]`` (independent requests decoded as one batch draw what each draws alone)."""
 
-    def __init__(self, seed: int, first: int, count: int):
-        self.seed, self.first, self.count = int(seed), int(first), int(count)
-        index = np.arange(self.first, self.first + self.count, dtype=np.uint64)
-        self._keys = {p: _stream(np.full(self.count, draw_seed(self.seed, "sequence-stream", p), dtype=np.uint64),
-                                 index) for p in PURPOSES}
+    def __init__(self, seed: int | Sequence[int], first: int, count: int):
+        self.first, self.count = int(first), int(count)
+        if isinstance(seed, (int, np.integer)):  # sequence i: (seed, i)
+            seeds, index = [int(seed)] * self.count, np.arange(self.first, self.first + self.count, dtype=np.uint64)
+        else:  # sequence i: (seed[i], 0)
+            seeds, index = [int(s) for s in seed[self.first:self.first + self.count]], np.zeros(self.count, np.uint64)
+            if len(seeds) != self.count:
+                raise ValueError(f"{len(seed)} seeds for sequences up to {self.first + self.count - 1}")
+        keys = {(s, p): draw_seed(s, "sequence-stream", p) for s in set(seeds) for p in PURPOSES}
+        self._keys = {p: _stream(np.array([keys[s, p] for s in seeds], dtype=np.uint64), index) for p in PURPOSES}
         self._next = {p: np.zeros(self.count, dtype=np.uint64) for p in PURPOSES}
 
     def words(self, seqs: np.ndarray, purpose: str) -> np.ndarray:
@@ -77,6 +86,17 @@ class SequenceStreams:
         out = _stream(self._keys[purpose][seqs], counters[seqs] + offset)
         counters += np.bincount(seqs, minlength=self.count).astype(np.uint64)
         return out
+
+    def ahead(self, purpose: str, width: int) -> np.ndarray:
+        """The next `width` uniforms (float64) of every sequence's `purpose` stream, (count, width),
+        without taking them: `advance` takes those a caller used. Reading a block at once is what
+        makes a long run of small draws cheap (`aogpt.generation.plan.step_counts`)."""
+        counters = self._next[purpose][:, None] + np.arange(width, dtype=np.uint64)
+        return _to_unit(_stream(self._keys[purpose][:, None], counters), torch.float64)
+
+    def advance(self, purpose: str, used: np.ndarray) -> None:
+        """Take `used[b]` words of sequence b's `purpose` stream (those `ahead` showed it)."""
+        self._next[purpose] += np.asarray(used).astype(np.uint64)
 
     def uniforms(self, seqs: np.ndarray, purpose: str = "tokens", dtype: torch.dtype = torch.float64,
                  device: torch.device | str | None = None) -> np.ndarray | torch.Tensor:

@@ -3,7 +3,8 @@
     batching.py  one forward for the steps of many requests, row for row what each computes alone
     jobs.py      a request (Job), the engine's limits and deadlines, the errors a request can end with
     engine.py    continuous batching: admission, deadlines, the step loop, liveness (usable without HTTP)
-    protocol.py  the OpenAI completions subset plus aogpt's fields; responses and stream chunks
+    protocol.py  the OpenAI completions subset plus aogpt's fields: requests as plans, choices, stream chunks
+    openai.py    what suffix, a gap without a length, echo and logprobs run as, and the response's layout
     app.py       the FastAPI app: /v1/completions, /v1/models, /health, the page at /
     logs.py      the server's log output through a bounded queue: it never blocks the server
     static/      the page (one HTML file, no build step, nothing from elsewhere)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import random
@@ -34,16 +35,22 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from aogpt.errors import AOGPTError
+from aogpt.generation.length import DRAWS as LENGTH_DRAWS
 from aogpt.serve.engine import Busy, Draining, Engine, Job, job_size
 from aogpt.serve.jobs import deadline_error
+from aogpt.serve.openai import Completed, Part, complete
+from aogpt.serve.openai import body as response_body
 from aogpt.serve.protocol import (
     Choice,
     CompletionRequest,
+    Plan,
     choices_for,
     chunk,
-    completion_body,
+    condition_of,
+    draw_request_seed,
+    plan_prompt,
+    prompts,
     stops,
-    to_generate,
 )
 
 log = logging.getLogger("aogpt.serve")
@@ -130,14 +137,16 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int
         if state["engine"] in ("stuck", "stopped"):
             status = state["engine"]
         body = {"status": status, "model": model_name, **engine.load(), **state, "limits": limits,
-                "batch_invariant": engine.row_invariant, "context": config.block_size, "variant": config.variant,
+                "batch_invariant": engine.row_invariant, "decode_kernels": engine.decode_kernels,
+                "context": config.block_size, "variant": config.variant,
                 "stats": dict(engine.stats), "log_lines_dropped": dropped_lines() if dropped_lines else 0}
         return JSONResponse(body, status_code=503 if status in ("stuck", "stopped") else 200)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "aogpt", "context": config.block_size, "limits": limits}]}
+                                            "owned_by": "aogpt", "context": config.block_size,
+                                            "max_model_len": config.block_size, "limits": limits}]}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -147,17 +156,59 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int
         if body.timeout is not None and lim.timeout is not None and body.timeout > lim.timeout:
             return error_response(400, f"timeout: {body.timeout:g} s is more than this server's {lim.timeout:g} s",
                                   param="timeout")
+        seed = body.seed  # without one: drawn here, in the event loop (in order of arrival with --seed)
+        if seed is None:
+            seed = unseeded.getrandbits(62) if unseeded is not None else draw_request_seed()
+        items = prompts(body)
+
+        def plan_all() -> list[Plan]:
+            return [plan_prompt(body, p, config, tokenizer, seed, len(items), max_samples) for p in items]
+
         try:
-            if len(body.prompt) > BIG_PROMPT:  # tokenizing it could hold up every other request
-                kwargs, first = await asyncio.to_thread(to_generate, body, config, tokenizer, max_samples)
+            if sum(len(p) for p in items) > BIG_PROMPT:  # tokenizing could hold up every other request
+                plans = await asyncio.to_thread(plan_all)
             else:
-                kwargs, first = to_generate(body, config, tokenizer, max_samples)
+                plans = plan_all()
         except AOGPTError as exc:
             return error_response(400, str(exc))
-        if kwargs["seed"] is None and unseeded is not None:  # drawn in the event loop: in order of arrival
-            kwargs["seed"] = unseeded.getrandbits(62)
-        events = _Events(request, engine)
-        job = Job(kwargs, *job_size(kwargs, config), events.deliver, steps=body.stream, timeout=body.timeout)
+        submitted: list[tuple[Plan, Job, _Events]] = []
+        for plan in plans:
+            events = _Events(request, engine)
+            work = functools.partial(complete, plan=plan, announce=events.deliver) if plan.custom else None
+            sequences, tokens = job_size(plan.kwargs, config)
+            if plan.layout is not None:  # the length estimate decodes its proposal fills, DRAWS at a time
+                sequences = max(sequences, LENGTH_DRAWS)
+                tokens = sequences * config.block_size
+            job = Job(plan.kwargs, sequences, tokens, events.deliver, steps=body.stream, timeout=body.timeout,
+                      work=work)
+            refused = _submit(job)
+            if refused is not None:
+                for _, other, _ in submitted:
+                    other.cancel()
+                return refused
+            events.job = job
+            submitted.append((plan, job, events))
+        request_id = f"cmpl-{uuid.uuid4().hex[:24]}"
+        if body.stream:
+            return await _streamed(request_id, submitted[0], body)
+        parts = []
+        try:
+            for p, (plan, job, events) in enumerate(submitted):
+                kind, payload = await _outcome(events)
+                if kind != "done":
+                    return (error_response(499, "the client closed the connection") if kind == "gone"
+                            else _job_error(job, payload))
+                result = payload.result if isinstance(payload, Completed) else payload
+                parts.append(Part(plan, payload, choices_for(plan, condition_of(result), body.n, tokenizer,
+                                                             stops(body), offset=p * body.n)))
+        finally:
+            for _, job, _ in submitted:
+                if not job.finished.is_set():
+                    job.cancel()
+        return JSONResponse(response_body(request_id, model_name, parts))
+
+    def _submit(job: Job) -> JSONResponse | None:
+        """Hand `job` to the engine; the error response if it refuses."""
         try:
             engine.submit(job)
         except AOGPTError as exc:
@@ -166,12 +217,18 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int
             return error_response(503, str(exc), "server_busy", headers={"Retry-After": str(exc.retry_after)})
         except Draining as exc:
             return error_response(503, str(exc), "server_busy", headers={"Retry-After": "30", "Connection": "close"})
-        events.job = job
-        request_id = f"cmpl-{uuid.uuid4().hex[:24]}"
-        choices = choices_for((body.n, kwargs["condition"].length), kwargs["condition"], first, tokenizer,
-                              stops(body))
+        return None
+
+    async def _streamed(request_id: str, submitted: tuple[Plan, Job, _Events], body: CompletionRequest):
+        """The response of a streamed request: its first event decides between an error and the stream
+        (a gap of unknown length is announced first, with the layout the stream then describes)."""
+        plan, job, events = submitted
+        condition = plan.condition
         try:
             kind, payload = await events.next()
+            if kind == "layout":
+                condition = payload[0]
+                kind, payload = await events.next()
         except asyncio.CancelledError:
             job.cancel()
             raise
@@ -180,23 +237,11 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str, max_samples: int
             return error_response(499, "the client closed the connection")
         if kind == "error":
             return _job_error(job, payload)
-        if body.stream:
-            include_usage = bool((body.stream_options or {}).get("include_usage"))
-            return StreamingResponse(_stream(request_id, model_name, (kind, payload), events, job, choices,
-                                             include_usage), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        try:
-            while kind == "step":
-                _advance(choices, payload)
-                kind, payload = await events.next()
-        finally:
-            if not job.finished.is_set():
-                job.cancel()
-        if kind == "done":
-            return JSONResponse(completion_body(request_id, model_name, payload, choices))
-        if kind == "gone":
-            return error_response(499, "the client closed the connection")
-        return _job_error(job, payload)
+        choices = choices_for(plan, condition, body.n, tokenizer, stops(body))
+        include_usage = bool((body.stream_options or {}).get("include_usage"))
+        return StreamingResponse(_stream(request_id, model_name, (kind, payload), events, job, choices,
+                                         include_usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     return app
 
@@ -259,10 +304,18 @@ class _Events:
                 pass
 
 
+async def _outcome(events: _Events) -> tuple[str, Any]:
+    """A job's last event (its result, its error, or "gone"), past the steps and layout it reports."""
+    while True:
+        kind, payload = await events.next()
+        if kind not in ("step", "layout"):
+            return kind, payload
+
+
 def _advance(choices: list[Choice], revealed: Any) -> list[dict[str, Any]]:
     out = []
     for c in choices:
-        rows = (revealed.samples == c.index).nonzero()[0]
+        rows = (revealed.samples == c.sample).nonzero()[0]
         if len(rows):
             out.append(c.advance(revealed, rows))
     return out
@@ -286,12 +339,15 @@ async def _stream(request_id: str, model: str, first: tuple[str, Any], events: _
                 for choice in _advance(choices, payload):
                     yield _sse(chunk(request_id, model, created, [choice]))
             elif kind == "done":
-                tokens = payload.tokens.numpy()
+                result = payload.result if isinstance(payload, Completed) else payload
+                tokens = result.tokens.numpy()
+                extra = {"seed": result.settings["seed"]}
+                if isinstance(payload, Completed) and payload.gap is not None:
+                    extra["gap"] = payload.gap.to_dict()
                 for c in choices:
-                    yield _sse(chunk(request_id, model, created, [c.finish(tokens[c.index])],
-                                     aogpt={"seed": payload.settings["seed"]}))
+                    yield _sse(chunk(request_id, model, created, [c.finish(tokens[c.sample])], aogpt=extra))
                 if include_usage:
-                    known, masked = int(payload.known.sum()), int((~payload.known).sum())
+                    known, masked = int(result.known.sum()), int((~result.known).sum())
                     usage = {"prompt_tokens": known, "completion_tokens": masked * len(choices),
                              "total_tokens": known + masked * len(choices)}
                     yield _sse(chunk(request_id, model, created, [], usage=usage))

@@ -5,11 +5,14 @@ Each admitted request (a `Job`) runs the library's own `aogpt.generate` in a gre
 model whose ``forward_slots`` parks the call and hands control back to the engine. The engine's
 loop, one thread, resumes every running job until each has parked its next forward (or finished),
 then runs all parked calls as one forward (`aogpt.serve.batching.run_together`) and hands each job
-its logits. So requests that arrive while others decode join at the next step, finished ones simply
-stop calling, and no step waits for anyone. Sampling, plans, orders, speculative drafts and adaptive
-choices all happen in the request's own `generate`, with its own random streams, exactly as offline:
-only the forward is shared, and it is batch-invariant, so a seeded request gets the tokens
-`aogpt.generate(model, seed=...)` gives, alone or among others (docs/serve.md). Greenlets rather than
+its logits; the jobs then park their token draws (`SharedModel.draw_tokens`), which the engine makes
+in one call per sampling configuration (`aogpt.serve.batching.draw_together`). So requests that
+arrive while others decode join at the next step, finished ones simply stop calling, and no step
+waits for anyone. Plans, orders, each draw's uniforms, speculative drafts and adaptive choices all
+happen in the request's own `generate`, with its own random streams, exactly as offline: only the
+forward and the draws are shared, and both are batch-invariant (row for row what each request
+computes alone), so a seeded request gets the tokens `aogpt.generate(model, seed=...)` gives, alone
+or among others (docs/serve.md). Greenlets rather than
 threads: the jobs' Python work between forwards runs back to back in one thread, with no lock
 hand-offs and no contention for the interpreter.
 
@@ -50,13 +53,13 @@ from typing import Any
 import greenlet
 import torch
 
-from aogpt.decode.runner import SmallStepModel
 from aogpt.errors import AOGPTError
 from aogpt.generation.generate import GenerationResult, generate
 from aogpt.generation.reveal import Revealed
 from aogpt.inference import for_inference
 from aogpt.kv_cache import KVCache
-from aogpt.serve.batching import ForwardCall, row_invariant, run_alone, run_together
+from aogpt.sampling import SamplingConfig, sample_tokens
+from aogpt.serve.batching import DrawCall, ForwardCall, draw_together, row_invariant, run_alone, run_together
 from aogpt.serve.jobs import (
     GONE,
     SHUTDOWN,
@@ -93,8 +96,7 @@ class SharedModel:
         self._engine, self._job = engine, job
         self.config = engine.model.config
         self.training = False
-        if hasattr(engine.runner, "ragged_layout"):  # the fast path's layout of ragged steps, as offline
-            self.ragged_layout = engine.runner.ragged_layout
+        self.kernels = engine.runner.kernels  # the decode path's measured cache kernels and layout, as offline
 
     def parameters(self):
         return self._engine.model.parameters()
@@ -108,21 +110,25 @@ class SharedModel:
     def conditions(self):
         return self._engine.conditions
 
-    def setup_cache(self, batch: int, capacity: int | None = None, attention: str = "sdpa") -> KVCache:
-        """The engine's decode runner's cache (the fast path's), or `Transformer.setup_cache` with the
-        adaLN tables computed once for all requests."""
-        if isinstance(self._engine.runner, SmallStepModel):
-            return self._engine.runner.setup_cache(batch, capacity, attention)
-        cfg, p = self.config, next(self.parameters())
-        return KVCache(cfg.n_layer, batch, cfg.n_head, capacity or cfg.block_size + 2, cfg.head_dim, p.device,
-                       p.dtype, self._engine.conditions, attention)
+    def setup_cache(self, batch: int, capacity: int | None = None, attention: str = "auto") -> KVCache:
+        """The engine's decode runner's cache (`Transformer.setup_cache`), with the adaLN tables
+        computed once for all requests."""
+        return self._engine.runner.setup_cache(batch, capacity, attention, conditions=self._engine.conditions)
 
     def forward_slots(self, tokens: torch.Tensor, pos: torch.Tensor, target: torch.Tensor | None = None, *,
                       attn_mask: torch.Tensor | None = None, cache: KVCache | None = None, cache_pos: Any = None,
                       select: torch.Tensor | None = None, conditions: Any = None,
                       gate: torch.Tensor | None = None) -> torch.Tensor:
         call = ForwardCall(tokens, pos, target, attn_mask, cache, cache_pos, select, conditions, gate=gate)
-        return self._engine._forward(self._job, call)
+        return self._engine._park(self._job, call, self._engine._parked)
+
+    def draw_tokens(self, logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None = None,
+                    uniforms: torch.Tensor | None = None) -> torch.Tensor:
+        """`aogpt.sampling.sample_tokens`, drawn with the other requests' draws of this step
+        (`aogpt.serve.batching.draw_together`); one from a torch generator is drawn here."""
+        if generator is not None:
+            return sample_tokens(logits, cfg, generator, uniforms)
+        return self._engine._park(self._job, DrawCall(logits, cfg, uniforms), self._engine._drawing)
 
 
 class Engine:
@@ -135,10 +141,12 @@ class Engine:
             torch.set_num_threads(threads)
         self.model = model.eval().requires_grad_(False)
         self.limits = (limits or EngineLimits()).validate()
-        self.runner = for_inference(self.model, rows_hint=self.limits.max_sequences)
+        self.runner = for_inference(self.model)
         with torch.inference_mode():
             self.conditions = self.model.conditions()
         self.row_invariant = row_invariant(self.runner)
+        choice = getattr(self.runner, "decode_choice", None)  # the fast path's kernels, measured in this process
+        self.decode_kernels = choice.describe() if choice is not None else "the model's own layers"
         if not self.row_invariant:
             log.warning("this machine's matrix kernels round a row differently with the number of rows: batched "
                         "requests may differ from offline generate() in rare tokens")
@@ -146,6 +154,7 @@ class Engine:
         self._waiting: collections.deque[Job] = collections.deque()
         self._running: dict[Job, greenlet.greenlet] = {}
         self._parked: list[tuple[Job, ForwardCall]] = []  # the loop's own: touched only in its thread
+        self._drawing: list[tuple[Job, DrawCall]] = []  # likewise: draws waiting after a step
         self._draining = self._stopping = False
         self._drain_deadline: float | None = None
         self._loop: threading.Thread | None = None
@@ -325,11 +334,12 @@ class Engine:
             log.warning("request %d ended but nobody took its result:\n%s", job.id, traceback.format_exc())
 
     # ----------------------------------------------------------------- the loop (one thread)
-    def _forward(self, job: Job, call: ForwardCall) -> torch.Tensor:
-        """Called inside a job's greenlet: park the call and wait (switched out) for the step's logits."""
+    def _park(self, job: Job, call: ForwardCall | DrawCall, where: list[tuple[Job, Any]]) -> Any:
+        """Called inside a job's greenlet: park the call (a forward, or a draw after one) and wait,
+        switched out, for its result."""
         if job.cancelled.is_set():
             raise Cancelled()
-        self._parked.append((job, call))
+        where.append((job, call))
         return self._hub.switch()
 
     def _run_job(self, job: Job) -> None:
@@ -339,8 +349,8 @@ class Engine:
             def on_step(revealed: Revealed) -> None:
                 job.on_event("step", revealed)
 
-            job.result = generate(SharedModel(self, job), **job.kwargs, prepack=False, compile=False,
-                                  on_step=on_step if job.steps else None)
+            job.result = (job.work or generate)(SharedModel(self, job), **job.kwargs, prepack=False, compile=False,
+                                                on_step=on_step if job.steps else None)
         except Cancelled:
             pass
         except AOGPTError as exc:
@@ -427,16 +437,10 @@ class Engine:
                     if self._trim is not None and self._progress_at - self._trimmed_at >= TRIM_EVERY:
                         self._trim(0)
                         self._trimmed_at = time.monotonic()
-                    for (job, _), result in zip(batch, results, strict=True):
-                        g = self._running.get(job)
-                        if g is None:
-                            continue
-                        if job.cancelled.is_set():
-                            g.throw(Cancelled())
-                        elif isinstance(result, BaseException):
-                            g.throw(result)
-                        else:
-                            g.switch(result)  # runs until its next forward is parked, or it ends
+                    self._resume(batch, results)  # each runs until it parks its draw or next forward, or ends
+                    while self._drawing:  # the step's token draws, all at once
+                        draws, self._drawing = self._drawing, []
+                        self._resume(draws, draw_together([call for _, call in draws]))
         except BaseException:  # a bug in the loop itself: every request gets an answer, and health says so
             self._failed = True
             log.error("the engine's loop stopped:\n%s", traceback.format_exc())
@@ -449,6 +453,19 @@ class Engine:
                 events = [(job, self._settle(job, error)) for job in jobs]
             for job, event in events:
                 self._deliver(job, event)
+
+    def _resume(self, parked: list[tuple[Job, Any]], results: list[Any]) -> None:
+        """Hand each parked job its result (or the exception it is to see) and let it run on."""
+        for (job, _), result in zip(parked, results, strict=True):
+            g = self._running.get(job)
+            if g is None:
+                continue
+            if job.cancelled.is_set():
+                g.throw(Cancelled())
+            elif isinstance(result, BaseException):
+                g.throw(result)
+            else:
+                g.switch(result)
 
     def _step(self, batch: list[tuple[Job, ForwardCall]]) -> list[Any]:
         """Run one step's calls: those with a KV cache stacked into one forward, the others alone.

@@ -87,10 +87,10 @@ def job_size(kwargs: dict[str, Any], config: Any) -> tuple[int, int]:
 class Job:
     """One request: `generate` keyword arguments (the model is the engine's), its size, and where
     its events go: ``on_event("step", Revealed)`` after each step (if `steps`), then ``("done",
-    GenerationResult)`` or ``("error", (status, message))``, called from the engine's thread (so they
-    must not block). `timeout`: this job's own deadline in seconds (at most the engine's). After
-    `submit`, `deadline` and `queue_deadline` are its absolute times (`time.monotonic`); a 503
-    error comes with `retry_after` (seconds)."""
+    GenerationResult)`` (or what `work` returns) or ``("error", (status, message))``, called from the
+    engine's thread (so they must not block). `timeout`: this job's own deadline in seconds (at most
+    the engine's). After `submit`, `deadline` and `queue_deadline` are its absolute times
+    (`time.monotonic`); a 503 error comes with `retry_after` (seconds)."""
 
     kwargs: dict[str, Any]
     sequences: int
@@ -98,6 +98,7 @@ class Job:
     on_event: Callable[[str, Any], None] = lambda kind, payload: None
     steps: bool = True  # report every step ("step" events); off, a job costs a little less per step
     timeout: float | None = None
+    work: Callable[..., Any] | None = None  # called instead of `generate`, with the same arguments (serve.openai)
     id: int = field(default_factory=itertools.count(1).__next__)
     cancelled: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)

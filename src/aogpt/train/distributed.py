@@ -8,8 +8,12 @@ process group (NCCL on CUDA, gloo on CPU) and wrap the model with DDP, or shard 
 from __future__ import annotations
 
 import datetime
+import gc
 import os
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -65,9 +69,51 @@ def init_distributed(device_kind: str) -> DistInfo:
     return info
 
 
+T = TypeVar("T")
+
+
 def shutdown() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    """Leave the process group without hanging.
+
+    Gloo's backend stops its worker threads in its destructor and waits for them. A worker that has
+    just finished a collective may still need the GIL, to free a tensor whose Python object it came to
+    own (a barrier frees the earlier collectives' buffers when it is itself freed). When the group's
+    last reference goes from C++ with the GIL held -- DDP's reducer, when the model outlives the
+    group, or the group registry inside `destroy_process_group` -- the destructor waits for the
+    worker and the worker for the GIL, forever: one rank hangs after the others have exited. So the
+    model is freed first (the wrappers caught in reference cycles by `gc.collect`; `run_in_group`
+    frees the caller's), and the last reference is this Python one, whose destructor releases the GIL
+    while the threads stop."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    group = dist.group.WORLD
+    gc.collect()  # a DDP wrapper kept alive only by a reference cycle lets go of the group now, not later
+    dist.destroy_process_group()
+    del group  # the last reference: its destructor releases the GIL while gloo's threads stop
+
+
+def _forget_locals(exc: BaseException) -> None:
+    """Clear the finished frames an exception's traceback keeps alive (and its causes'), so the model
+    they hold is freed before the process group (`shutdown`); the traceback still prints."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__
+
+
+def run_in_group(info: DistInfo, work: Callable[[], T]) -> T:
+    """Join the process group `info` describes, run `work` (which builds, trains and drops the wrapped
+    model) and leave the group (`shutdown`), also when `work` raises: nothing `work` made outlives the
+    group, so its last reference goes where the GIL is released. A single process just runs `work`."""
+    join(info)
+    try:
+        return work()
+    except BaseException as exc:
+        _forget_locals(exc)
+        raise
+    finally:
+        shutdown()
 
 
 def wrap_model(model: nn.Module, info: DistInfo, device: torch.device, fsdp: bool,

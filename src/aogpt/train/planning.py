@@ -109,36 +109,37 @@ class RunPlan:
             return self._train()
 
     def _train(self) -> dict[str, Any]:
-        try:
-            distributed.join(self.info)
-            if self.info.is_main:
-                _check_fresh(self.out, self.resume_from)
-                removed = remove_stale_temporaries(self.out, CKPT_PREFIX)
-                for name in ("metrics.jsonl", "run.json"):
-                    remove_stale_temporaries(self.out, name)
-                if removed:
-                    print(f"removed {len(removed)} unfinished checkpoint folder(s) of an interrupted run",
-                          file=sys.stderr)
-            trainer = Trainer(
-                self.model_cfg,
-                self.train_cfg,
-                self.data,
-                self.out,
-                info=self.info,
-                run_meta=self.run_meta,
-                tokenizer=self.tokenizer,
-                show_progress=self.show_progress,
+        """Train in the process group (`distributed.run_in_group`): the trainer and its wrapped model
+        live in `_fit`'s frame only, so they are gone before the group is left."""
+        return distributed.run_in_group(self.info, self._fit)
+
+    def _fit(self) -> dict[str, Any]:
+        if self.info.is_main:
+            _check_fresh(self.out, self.resume_from)
+            removed = remove_stale_temporaries(self.out, CKPT_PREFIX)
+            for name in ("metrics.jsonl", "run.json"):
+                remove_stale_temporaries(self.out, name)
+            if removed:
+                print(f"removed {len(removed)} unfinished checkpoint folder(s) of an interrupted run",
+                      file=sys.stderr)
+        trainer = Trainer(
+            self.model_cfg,
+            self.train_cfg,
+            self.data,
+            self.out,
+            info=self.info,
+            run_meta=self.run_meta,
+            tokenizer=self.tokenizer,
+            show_progress=self.show_progress,
+        )
+        if self.resume_from is not None:
+            trainer.resume(self.resume_from)
+        if self.info.is_main:
+            write_json(
+                self.out / "run.json",
+                {"model": to_dict(self.model_cfg), "train": to_dict(self.train_cfg), **self.run_meta},
             )
-            if self.resume_from is not None:
-                trainer.resume(self.resume_from)
-            if self.info.is_main:
-                write_json(
-                    self.out / "run.json",
-                    {"model": to_dict(self.model_cfg), "train": to_dict(self.train_cfg), **self.run_meta},
-                )
-            return trainer.fit()
-        finally:
-            distributed.shutdown()
+        return trainer.fit()
 
 
 _HELD: set[Path] = set()  # run directories whose lock this process holds (`run_lock`)

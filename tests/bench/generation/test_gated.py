@@ -13,7 +13,7 @@ def test_the_benchmark_times_every_contender_and_reads_its_goals_off_the_rows():
     rows = {r["contender"]: r for r in result["rows"]}
     assert set(rows) == set(CONTENDERS) and all(len(r["cpu_ms_runs"]) == 2 for r in rows.values())
     paths = result["decode_path"]
-    assert paths["gated-l2r"] == paths["gated-random"] == "GatedStepModel" and paths["source"] == "SmallStepModel"
+    assert paths["gated-l2r"] == paths["gated-random"] == "fast, gated" and paths["source"] == paths["aogpt"] == "fast"
     for k, (ref, goal) in GOALS.items():
         r = result["ratios"][k]
         assert r["cpu"] == pytest.approx(rows[k]["cpu_ms_per_step"] / rows[ref]["cpu_ms_per_step"])

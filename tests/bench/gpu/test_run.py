@@ -218,3 +218,63 @@ def test_a_cpu_without_bf16_trains_the_quick_parts_in_fp32(as_cpu):
     if capability.cpu().arch == "x86":
         as_cpu("avx2")
         assert train_precision(torch.device("cpu")) == "fp32"
+
+
+def sleepy(ctx: Context) -> None:
+    """A part that records one piece, then works past its share (run in a child process)."""
+    ctx.check("the first piece", 0.0, 1.0)
+    ctx.metric("pieces", 1)
+    ctx.save()
+    print("first piece done", flush=True)
+    time.sleep(60)
+
+
+def child_fails(ctx: Context) -> None:
+    ctx.check("before the break", 0.0, 1.0)
+    raise ValueError("broken in the child")
+
+
+def test_a_part_in_its_own_process_is_ended_at_its_share_and_keeps_what_it_finished():
+    from aogpt.bench.gpu.isolate import isolated
+
+    plan = dataclasses.replace(QUICK, shares={"sleepy": 6.0, "fails": 30.0})
+    lines = []
+    t0 = time.monotonic()
+    summary = Run(plan, torch.device("cpu"), say=lambda kind, line: lines.append(line),
+                  parts={"sleepy": isolated("tests.bench.gpu.test_run:sleepy"),
+                         "fails": isolated("tests.bench.gpu.test_run:child_fails")}).execute()
+    took = time.monotonic() - t0
+    sleepy_part, fails = summary["parts"]["sleepy"], summary["parts"]["fails"]
+    assert sleepy_part["status"] == "error" and "ended at its time share" in sleepy_part["error"]
+    assert sleepy_part["checks"][0]["passed"] is True and sleepy_part["metrics"] == {"pieces": 1}
+    assert any("first piece done" in line for line in lines)  # the child's progress came through
+    assert fails["status"] == "error" and fails["error"] == "ValueError: broken in the child"
+    assert fails["checks"][0]["passed"] is True and "broken in the child" in fails["trace"]
+    assert took < 6.0 + 30.0  # the sleeper did not get its 60 s
+    assert summary["passed"] is False
+
+
+def test_the_plan_travels_to_a_child_process_whole():
+    from aogpt.bench.gpu.isolate import plan_from_dict
+
+    assert plan_from_dict(dataclasses.asdict(FULL)) == FULL
+    assert plan_from_dict(json.loads(json.dumps(dataclasses.asdict(QUICK)))) == QUICK
+
+
+def test_the_eager_model_of_a_step_reproduces_the_h200_measurements_within_2x():
+    """The only GPU measurements of decode steps (docs/gpu.md, eager, before CUDA graphs): the plan's
+    model of an eager step's host work must reproduce them, or its estimates are not honest."""
+    from aogpt.bench.gpu.plan import EAGER_H200
+
+    for (method, T), ms in EAGER_H200.items():
+        steps = T if method == "aogpt" else 1024
+        est = generation_seconds(method, FULL.fig_size, 1024, 32, T, graphs=False) / steps * 1e3
+        assert ms / 2 <= est <= 2 * ms, (method, T, est, ms)
+
+
+def test_figure5_and_training_run_first_and_training_in_its_own_process_when_it_compiles():
+    from aogpt.bench.gpu.run import default_parts
+
+    assert PARTS[:2] == ("figure5", "training") and list(default_parts(FULL)) == list(PARTS)
+    assert default_parts(FULL)["training"].__name__.startswith("isolated")
+    assert not default_parts(QUICK)["training"].__name__.startswith("isolated")  # --quick does not compile

@@ -71,6 +71,7 @@ def test_a_cpu_budget_buys_steps(data_root, monkeypatch):
         br.run_candidate(br.parse_candidate(TINY), data_root, steps=2, cpu_budget=1.0)
 
 
+@pytest.mark.slow
 def test_seeds_run_side_by_side_with_curves_diagnostics_and_intervals(data_root, tmp_path):
     """Two seeds in two processes at once: a row each, curves every 2 steps with the target pathway's
     diagnostics, the unigram level, one table row with 95% intervals over the seeds, and the PNG."""

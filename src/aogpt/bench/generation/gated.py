@@ -90,14 +90,21 @@ def bench_gated(*, n: int = 128, batch: int = 8, repeats: int = 5, rank: int = 0
         r["met_cpu"] = r["cpu"] <= r["goal"]
     return {"benchmark": "gated", "n": n, "batch": batch, "repeats": repeats, "rank": rank, "width": width,
             "dtype": dtype, "threads": torch.get_num_threads(), "rows": rows, "ratios": ratios,
-            "decode_path": {k: type(_runner(v[0])).__name__ for k, v in runs.items()},
+            "decode_path": {k: _decode_path(v[0]) for k, v in runs.items()},
             "seconds": time.perf_counter() - started, "environment": finish_environment(env)}
 
 
-def _runner(model: torch.nn.Module) -> Any:
+def _decode_path(model: torch.nn.Module) -> str:
+    """The decode path `generate` runs the model on: ``fast`` (the model's forward with the measured
+    kernels swapped in), ``fast, gated`` (the same with two kernels per delta layer,
+    `aogpt.decode.gated`) or ``reference`` (the model itself)."""
+    from aogpt.decode.gated import GatedKernel
     from aogpt.inference import for_inference
 
-    return for_inference(model)
+    runner = for_inference(model)
+    if runner is model:
+        return "reference"
+    return "fast, gated" if any(isinstance(m, GatedKernel) for m in runner.modules()) else "fast"
 
 
 def to_markdown(result: dict[str, Any]) -> str:

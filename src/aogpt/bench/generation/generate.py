@@ -16,8 +16,9 @@ evaluations (real and padded):
 - ``gpt``: our left-to-right GPT with its KV cache (n steps, one token each);
 - ``hf-gpt2``: Hugging Face `transformers` GPT-2 `generate()` with its KV cache, same size, when
   `transformers` is installed (`aogpt.bench.generation.hf_gpt2`);
-- ``aogpt-reference`` / ``gpt-reference``: AO-GPT (Bernoulli) and our GPT on the previous decode path
-  (``decode_path="reference"``, `aogpt.inference`): the fast path's speed-up, side by side.
+- ``aogpt-reference`` / ``gpt-reference``: AO-GPT (Bernoulli) and our GPT on the reference decode path
+  (``decode_path="reference"``: the model's own layers with torch's default kernels, `aogpt.inference`):
+  the fast path's speed-up, side by side.
 
 With FLOPs counted (the default), every step is also set against its roofline (`aogpt.bench.roofline`):
 the run measures one thread's memory read rate (`aogpt.bench.limits.memory_bandwidth`, before and
@@ -80,12 +81,12 @@ METHODS: dict[str, Method] = {
     "encoder-est": Method("encoder-mdm", "encoder-only MDM, estimated: T x one timed pass", estimate=True),
     "gpt": Method("gpt", "our GPT, KV cache (n steps)", dict(policy="count", order="l2r"), every_t=False),
     "hf-gpt2": Method(None, "transformers GPT-2 generate(), KV cache (n steps)", every_t=False),
-    "aogpt-reference": Method("aogpt", "AO-GPT, Bernoulli, on the previous decode path",
+    "aogpt-reference": Method("aogpt", "AO-GPT, Bernoulli, on the reference decode path",
                               dict(policy="bernoulli", decode_path="reference")),
-    "gpt-reference": Method("gpt", "our GPT on the previous decode path (n steps)",
+    "gpt-reference": Method("gpt", "our GPT on the reference decode path (n steps)",
                             dict(policy="count", order="l2r", decode_path="reference"), every_t=False),
 }
-REFERENCE = {"aogpt-reference": "aogpt", "gpt-reference": "gpt"}  # the previous decode path -> the fast one
+REFERENCE = {"aogpt-reference": "aogpt", "gpt-reference": "gpt"}  # the reference decode path -> the fast one
 DEFAULT_METHODS = ("aogpt", "aogpt-count", "aogpt-nocache", "encoder", "encoder-noskip", "gpt", "hf-gpt2")
 DEFAULT_STEPS = (16, 32, 64, 128, 256)
 QUICK = dict(n=32, batch=2, steps=(4, 8, 32), size=QUICK_SIZE, repeats=1, memory_buffer=64 * 2 ** 20)
@@ -107,11 +108,8 @@ def _cache_dtype(model: Any, settings: dict[str, Any]) -> torch.dtype:
     from aogpt.kv_cache import storage_dtype
 
     p = next(model.parameters())
-    if decode_path(settings_from(None, **settings)) == "fast":
-        runner = for_inference(model)
-        if hasattr(runner, "choice"):
-            return runner.choice.store
-    return storage_dtype(p.device, p.dtype)
+    runner = for_inference(model, path=decode_path(settings_from(None, **settings)))
+    return runner.kernels.cache_store or storage_dtype(p.device, p.dtype)
 
 
 def _step_bytes(method: str, model: Any, result: Any, n: int, batch: int, T: int) -> StepBytes:
@@ -183,7 +181,8 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
                    dtypes: str | list[str] | tuple[str, ...] | None = None, out: Path | None = None,
                    progress: Callable[[int, str], None] | None = None, encoder_limit: float | None = None,
                    count_flops: bool = True, deadline: float | None = None, cutoff: float | None = None,
-                   memory_buffer: int | None = None) -> dict[str, Any]:
+                   memory_buffer: int | None = None, expected: dict[tuple[str, int], float] | None = None
+                   ) -> dict[str, Any]:
     """Time every method at every T; write DIR/generate.{md,json,png} when `out` is given.
 
     encoder_limit: run the encoder only at the T where T x one timed full pass stays under this many
@@ -193,8 +192,9 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
     matmul rate (`aogpt.bench.limits`), and set every step against its roofline (`aogpt.bench.roofline`),
     with the memory read rate of a buffer of `memory_buffer` bytes (default: beyond the last-level cache).
     deadline: a `time.monotonic()` value past which no further repeat starts (every measurement still
-    runs once); cutoff: one past which no run starts at all (a time-boxed caller: the measurements not
-    run are absent from the result).
+    runs once); cutoff: one past which no run starts at all, nor one expected to end past it (its last
+    run's time, or before its first `expected[(method, T)]`, the caller's estimate of a run's seconds;
+    a time-boxed caller: the measurements not run are absent from the result).
 
     dtypes: the precisions the models' weights are in (``fp32``, ``bf16``, ``auto``; default auto:
     bf16 where the hardware has bf16 units). With several, every (method, T, precision) is timed in
@@ -271,7 +271,9 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
         if progress is not None:
             progress(done[0], f"{key[0]} T={key[1]}" + (f" {key[2]}" if len(dtypes) > 1 else ""))
 
-    timings = interleaved_timings(calls, dev, repeats, long_run, tick, deadline, cutoff)
+    guess = {(m, T, d): (expected or {}).get(("encoder", T), 0.0) / T if m == "encoder-est"
+             else (expected or {}).get((m, T), 0.0) for m, T, d in keys}  # an estimate's run is one pass
+    timings = interleaved_timings(calls, dev, repeats, long_run, tick, deadline, cutoff, guess)
     if bandwidth is not None:  # measured again after the timings: a busy moment during one does not lower it
         again = memory_bandwidth(largest=memory_buffer)
         faster = {k: max(v, again["by_bytes"][k]) for k, v in bandwidth["by_bytes"].items()}
@@ -321,7 +323,10 @@ def bench_generate(*, n: int = 256, batch: int = 8, steps: tuple[int, ...] | lis
                     ours = models[(METHODS[m].variant or "gpt", d)] if (METHODS[m].variant or "gpt", d) in models \
                         else build_model("gpt", size, n, dev, seed).to(weights[d])
                     nbytes = _step_bytes(m, ours, last.get((m, T, d)), n, batch, T)
-                    r["roofline"][m][str(T)] = roofline(nbytes, flops / forwards, r["matmul_rate"]["best"], bandwidth)
+                    line = roofline(nbytes, flops / forwards, r["matmul_rate"]["best"], bandwidth)
+                    step_s = {"wall": sec * factor / forwards, "cpu": timings.cpu[(m, T, d)] * factor / forwards}
+                    line["over_memory"] = {k: v / line["memory_s"] for k, v in step_s.items()}  # the step ÷ its limit
+                    r["roofline"][m][str(T)] = line
         r["ratios"] = ratios(r, "seconds")
         r["cpu_ratios"] = ratios(r, "cpu_seconds")
         by_dtype[d] = r

@@ -60,9 +60,9 @@ def findings(result: dict[str, Any]) -> list[str]:
             "aogpt/hf-gpt2": "AO-GPT (Bernoulli, T = n) ÷ transformers GPT-2 generate()",
             "aogpt-count/hf-gpt2": "AO-GPT (one token per step) ÷ transformers GPT-2 generate()",
             "gpt/hf-gpt2": "our GPT ÷ transformers GPT-2 generate()",
-            "aogpt-reference/aogpt": "AO-GPT (Bernoulli, T = n) on the previous decode path ÷ on the fast one "
+            "aogpt-reference/aogpt": "AO-GPT (Bernoulli, T = n) on the reference decode path ÷ on the fast one "
                                      "(the speed-up of the decode path)",
-            "gpt-reference/gpt": "our GPT on the previous decode path ÷ on the fast one (the speed-up)"}
+            "gpt-reference/gpt": "our GPT on the reference decode path ÷ on the fast one (the speed-up)"}
     for name in AT_N:
         got = both("n", name)
         if got:

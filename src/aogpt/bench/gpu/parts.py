@@ -37,6 +37,11 @@ class Skipped(Exception):  # noqa: N818 - a part that does not apply here; the m
     """Raised by a part that cannot run here (the reason is its message)."""
 
 
+class PartError(Exception):
+    """A part that did not finish, in words that say why (a part run in its own process: its own
+    error, or its end at its time share, `aogpt.bench.gpu.isolate`)."""
+
+
 @dataclass
 class Part:
     """What one part recorded: checks, figures (``metrics``), report lines and its status."""
@@ -109,4 +114,4 @@ class Context:
 
 PartFn = Callable[[Context], None]
 
-__all__ = ["NO_CUDA", "Check", "Context", "Part", "PartFn", "Skipped"]
+__all__ = ["NO_CUDA", "Check", "Context", "Part", "PartError", "PartFn", "Skipped"]

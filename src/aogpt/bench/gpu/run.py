@@ -1,13 +1,15 @@
-"""`aogpt bench gpu`: one command that checks and measures every GPU path, in under 8 minutes.
+"""`aogpt bench gpu`: one command that checks and measures every GPU path, planned for under 7 minutes.
 
-The parts (`aogpt.bench.gpu.plan.PARTS`) run one after another on the first CUDA device: the
-correctness checks (`aogpt.bench.gpu.checks`), the paper's Figure 5 and the training throughput
-(`aogpt.bench.gpu.speed`), and DDP / FSDP2 under torchrun (`aogpt.bench.gpu.distributed`). Each
-part is isolated: an exception is recorded with its message and the next part runs. Each has a time
-share (its loops stop adding repeats when it is spent). The report (markdown, JSON and the Figure 5
-PNG, `aogpt.bench.gpu.report`) is rewritten before and after every part, so a run stopped by a time
-limit still leaves every finished part on disk. The run passes when every check of every part
-passed; a skipped check (no CUDA device, in ``--quick`` on a CPU) does not fail it. docs/gpu.md.
+The parts (`aogpt.bench.gpu.plan.PARTS`) run one after another on the first CUDA device: the paper's
+Figure 5 and the training throughput first (`aogpt.bench.gpu.speed`), then the correctness checks
+(`aogpt.bench.gpu.checks`) and DDP / FSDP2 under torchrun (`aogpt.bench.gpu.distributed`). Each part
+is isolated: an exception is recorded with its message and the next part runs. Each has a time share
+it cannot overrun: its loops start nothing that would end past it, and a part whose work no loop can
+stop (compiling) runs in its own process, ended at its share (`aogpt.bench.gpu.isolate`). The report
+(markdown, JSON and the Figure 5 PNG, `aogpt.bench.gpu.report`) is rewritten before and after every
+part, so a run stopped by a time limit still leaves every finished part on disk. The run passes when
+every check of every part passed; a skipped check (no CUDA device, in ``--quick`` on a CPU) does not
+fail it. docs/gpu.md.
 """
 
 from __future__ import annotations
@@ -21,15 +23,20 @@ from typing import Any
 import torch
 
 from aogpt.bench.environment import finish_environment
-from aogpt.bench.gpu.parts import Context, Part, PartFn, Skipped
-from aogpt.bench.gpu.plan import TITLES, Plan, estimate
+from aogpt.bench.gpu.parts import Context, Part, PartError, PartFn, Skipped
+from aogpt.bench.gpu.plan import PARTS, TITLES, Plan, estimate
 
 
-def default_parts() -> dict[str, PartFn]:
+def default_parts(plan: Plan | None = None) -> dict[str, PartFn]:
+    """The parts in the order they run (`aogpt.bench.gpu.plan.PARTS`): the figures first. Training
+    runs in its own process, ended at its share, when it compiles (`aogpt.bench.gpu.isolate`)."""
     from aogpt.bench.gpu import checks, distributed, speed
+    from aogpt.bench.gpu.isolate import isolated
 
-    return {"correctness": checks.run, "figure5": speed.figure5, "distributed": distributed.run,
-            "training": speed.training}
+    training = isolated("aogpt.bench.gpu.speed:training") if plan is not None and plan.train_compile \
+        else speed.training
+    fns = {"figure5": speed.figure5, "training": training, "correctness": checks.run, "distributed": distributed.run}
+    return {name: fns[name] for name in PARTS}
 
 
 class Run:
@@ -38,7 +45,7 @@ class Run:
     def __init__(self, plan: Plan, device: torch.device, *, seed: int = 0, out: Path | None = None,
                  parts: dict[str, PartFn] | None = None, say: Callable[[str, str], None] | None = None):
         self.plan, self.device, self.seed, self.out = plan, device, seed, out
-        self.functions = parts if parts is not None else default_parts()
+        self.functions = parts if parts is not None else default_parts(plan)
         self.parts = {p: Part(p, plan.shares.get(p, 60.0)) for p in self.functions}
         self._say = say
         self.started = time.time()
@@ -72,6 +79,8 @@ class Run:
                     part.status = "passed"
             except Skipped as exc:
                 part.status, part.error = "skipped", str(exc)
+            except PartError as exc:
+                part.status, part.error = "error", str(exc)
             except Exception as exc:  # noqa: BLE001 - a part's failure is reported, the next part runs
                 part.status, part.error = "error", f"{type(exc).__name__}: {exc}"
                 part.trace = "".join(traceback.format_exception(exc)[-6:])

@@ -24,9 +24,11 @@ import torch
 
 from aogpt.bench.common import check_memory, fmt_ratio, markdown_table, sync
 from aogpt.bench.gpu.parts import NO_CUDA, Context
+from aogpt.bench.gpu.plan import estimate
 from aogpt.precision import to_dtype
 
 TOL_COMPILED_LOSS = 1e-2  # relative: the compiled and eager bf16 forward round differently
+SAFETY = 2.0  # a Figure 5 run not yet timed is expected to take up to this many times the plan's estimate
 VARIANTS = ("gpt", "aogpt")
 
 
@@ -55,10 +57,14 @@ def figure5(ctx: Context) -> None:
         ctx.progress(f"{label} ({k} runs; {runs} in the first round)")
 
     precision = "bf16" if ctx.cuda else "fp32"
+    runs_planned = estimate(p)["parts"]["figure5"]["runs"]
+    planned = {(r["method"], r["T"]): r["first_seconds"] for r in runs_planned}
+    steady = {(r["method"], r["T"]): r["seconds"] for r in runs_planned}  # a repeat: its shapes captured before
     result = bench_generate(n=p.fig_n, batch=p.fig_batch, steps=p.fig_steps, size=p.fig_size, methods=methods,
                             repeats=p.fig_repeats, long_run=p.fig_long_run, device=str(ctx.device), seed=ctx.seed,
                             dtypes=[precision], progress=tick, encoder_limit=p.fig_encoder_limit, count_flops=False,
-                            deadline=ctx.deadline - 10.0, cutoff=ctx.deadline - 5.0)
+                            deadline=ctx.deadline - 10.0, cutoff=ctx.deadline - 5.0,
+                            expected={k: SAFETY * s for k, s in planned.items()} if ctx.cuda else None)
     ctx.metric("generate", {k: v for k, v in result.items() if k != "files"})
     n, B = p.fig_n, p.fig_batch
     missing = [f"{m} T={T}" for m in methods for T in (p.fig_steps if m in ("aogpt", "encoder") else (n,))
@@ -76,6 +82,29 @@ def figure5(ctx: Context) -> None:
                     "per sequence", forwards <= T and work <= B * (2 * n + 1), value=f"{forwards} / {work:,}",
                     bound=f"≤ {T} / {B * (2 * n + 1):,}")
     ctx.lines(*figure5_lines(result))
+    _against_estimate(ctx, result, steady)
+
+
+def _against_estimate(ctx: Context, result: dict[str, Any], steady: dict[tuple[str, int], float]) -> None:
+    """Every timed run's median against the plan's estimate (`aogpt.bench.gpu.plan`): the dry run
+    kept honest (within 2x); on a CPU the estimate, made at H100 rates, does not apply."""
+    rows, ratios = [], {}
+    for (m, T), planned in steady.items():
+        key = m if str(T) in result["seconds"].get(m, {}) else "encoder-est" if m == "encoder" else m
+        got = result["seconds"].get(key, {}).get(str(T))
+        if got is not None and planned > 0:
+            ratios[f"{m} T={T}"] = got / planned
+            rows.append([f"{key} T={T}", f"{planned:.2f} s", f"{got:.2f} s", fmt_ratio(got / planned)])
+    ctx.metric("measured_over_estimate", ratios)
+    ctx.lines("The plan's estimate (`aogpt bench gpu --dry-run`) against each run's median:", "",
+              markdown_table(["run", "estimate", "measured", "measured ÷ estimate"], rows), "")
+    name = "Figure 5: the dry run's estimate within 2x of every measured run"
+    if not ctx.cuda:
+        ctx.skip(name, f"{NO_CUDA} (the estimate is made at H100 rates)")
+        return
+    worst = max(ratios.values(), key=lambda r: max(r, 1 / r), default=None)
+    ctx.check(name, None if worst is None else max(worst, 1 / worst), 2.0, fmt="{:.1f}x",
+              note=f"worst {fmt_ratio(worst)} measured ÷ estimated" if worst else "no run timed")
 
 
 def figure5_lines(result: dict[str, Any]) -> list[str]:
