@@ -111,8 +111,9 @@ def test_the_identity_run_of_any_order_is_the_source(hf_models):
     assert runs[1:].max() > 2
     with torch.no_grad():
         l2r, mixed = model(x)[0], model(x, order)[0]
-    for b, r in enumerate(runs.tolist()):
-        torch.testing.assert_close(mixed[b, :r], l2r[b, :r], atol=1e-6, rtol=0)
+    for b, r in enumerate(runs.tolist()):  # the mixed forward multiplies the source's rows in groups of another
+        # size, which an AVX2 CPU's GEMM rounds differently (about 2e-6 here); the pathway's rows differ by > 1e-3
+        torch.testing.assert_close(mixed[b, :r], l2r[b, :r], atol=1e-5, rtol=0)
         if r < n:
             assert (mixed[b, r:] - l2r[b, order[b, r:]]).abs().max() > 1e-3  # the rest is the pathway's
 
