@@ -365,7 +365,7 @@ class Transformer(nn.Module):
         if select is not None:
             x = x.gather(1, select.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
             target = target.expand(select.shape[0], -1).gather(1, select)
-            split = None if split is None else RowSplit(gate.gather(1, select))
+            split = None if split is None else RowSplit(gate.gather(1, select), split.pure)
         return self.lm_head(self._final(x, target, conditions, split))
 
     def _pathway_rows(self, split: RowSplit, x: torch.Tensor, target: torch.Tensor, conditions: Conditions | None

@@ -143,11 +143,15 @@ class RowSplit:
     its forward (the premise of batch invariance): always as one of the (R, ...) rows of its group;
     when every row is in one group those are a view of the tensor, nothing gathered or copied."""
 
-    def __init__(self, gate: torch.Tensor):
+    def __init__(self, gate: torch.Tensor, pure: str | None = None):
+        """`pure`: the group every row is known to be in (the rows picked from a pure split), so that
+        nothing is counted; None: counted from `gate`."""
         self.shape = tuple(gate.shape)
         flat = gate.reshape(-1).bool()
-        n_path = int(flat.sum())
-        self.pure = "pathway" if n_path == flat.numel() else "source" if n_path == 0 else None
+        if pure is None:
+            n_path = int(flat.sum())
+            pure = "pathway" if n_path == flat.numel() else "source" if n_path == 0 else None
+        self.pure = pure
         if self.pure is None:
             self.source_rows = (~flat).nonzero().squeeze(1)
             self.pathway_rows = flat.nonzero().squeeze(1)

@@ -20,38 +20,27 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from aogpt.backbone import FusedLinear
 from aogpt.decode.kernels import LinearKernel
 from aogpt.pathway import DeltaLinear
 
 
-class GatedKernel(FusedLinear):
-    """A `DeltaLinear` prepared for decode steps: ``source`` (W) is what the layer computes when called,
-    as any linear layer; ``pathway`` (W + dW, merged once from the weights as they are) is what
-    `pathway_linear` hands the pathway's rows. Both fuse the GELU and the residual add alike."""
+class GatedKernel(LinearKernel):
+    """A `DeltaLinear` prepared for decode steps: itself the source's kernel (W), called, fused and
+    counted as any `LinearKernel` (so a left-to-right row pays nothing for the pathway beside it), with
+    ``pathway`` beside it: the kernel of the merged W + dW (merged once from the weights as they are),
+    which `pathway_linear` hands the pathway's rows (`aogpt.pathway.side`)."""
 
     def __init__(self, layer: DeltaLinear, kind: str):
-        super().__init__()
-        self.source = LinearKernel.of(layer, kind)
+        super().__init__(layer.weight, layer.bias, kind)
         with torch.no_grad():
             self.pathway = LinearKernel(layer.pathway_weight().detach(), layer.bias, kind)
-        self.in_features, self.out_features = layer.in_features, layer.out_features
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.source(x)
-
-    def gelu(self, x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
-        return self.source.gelu(x, approximate)
-
-    def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.source.add(x, residual)
 
     def pathway_linear(self) -> LinearKernel:
         return self.pathway
 
     def kernels(self) -> dict[str, LinearKernel]:
         """Both kernels by the name `aogpt.decode.runner.decode_linears` gives them (a suffix of the layer's)."""
-        return {"": self.source, PATHWAY: self.pathway}
+        return {"": self, PATHWAY: self.pathway}
 
 
 PATHWAY = ":pathway"  # the suffix of a gated layer's merged kernel in `aogpt.decode.runner.decode_linears`
