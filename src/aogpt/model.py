@@ -75,7 +75,8 @@ class Block(nn.Module):
     weights gathered.
 
     In a model with a gated pathway (`aogpt.pathway`) a forward passes `split`, its rows by gate: `x`
-    is then the pair (the source's rows, the pathway's rows) and `cond` the pathway's rows' modulation.
+    is then the pair (the source's rows, the pathway's rows) and `cond` the pathway's rows' modulation
+    (when every row is in one group, `x` is the rows as they are, in the source's shapes).
     Each group goes through the same two halves of the block as any model's rows (`_attention_input`,
     `_attention_output`), the source's with its plain norms and weights, the pathway's modulated and
     with W + dW, and the groups meet in attention only."""
@@ -129,9 +130,10 @@ class Block(nn.Module):
             mod = cond if isinstance(cond, tuple) else cond.chunk(6, -1)
         elif cond is not None:
             x = x + cond
-        if split is None:
-            y = self.attn.mix(self._attention_input(x, mod), attn_mask, cache, cache_pos, rope, kernel)
-            return self._attention_output(x, y, mod)
+        if split is None or split.pure is not None:  # one group: the rows as they are
+            pathway = split is not None and split.pure == "pathway"
+            y = self.attn.mix(self._attention_input(x, mod, pathway), attn_mask, cache, cache_pos, rope, kernel)
+            return self._attention_output(x, y, mod, pathway)
         x0, x1 = x  # the source's rows (plain norms, W), the pathway's (modulated, W + dW)
         qkv = split.join(None if x0 is None else self._attention_input(x0, None),
                          None if x1 is None else self._attention_input(x1, mod, True))
@@ -360,7 +362,7 @@ class Transformer(nn.Module):
             conds = self._block_conditions(target, conditions)
         for block, cond in zip(self.transformer.h, conds, strict=True):
             x = block(x, cond, attn_mask, cache, cache_pos, rope, kernel, split)
-        if split is not None:
+        if split is not None and split.pure is None:
             x = split.join(*x)
         if select is not None:
             x = x.gather(1, select.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
@@ -369,19 +371,21 @@ class Transformer(nn.Module):
         return self.lm_head(self._final(x, target, conditions, split))
 
     def _pathway_rows(self, split: RowSplit, x: torch.Tensor, target: torch.Tensor, conditions: Conditions | None
-                      ) -> tuple[tuple[torch.Tensor | None, torch.Tensor | None], list[Any]]:
+                      ) -> tuple[Any, list[Any]]:
         """A gated model's embedded slots as (the source's rows, the pathway's rows), the target entering the
         pathway's rows only (sigma-GPT's table at the input), and the blocks' modulation of those rows
-        (AO-GPT's adaLN; None for the source's, which are the source's blocks)."""
-        x0, x1 = split.split(x)
+        (AO-GPT's adaLN; None for the source's, which are the source's blocks). When every row is in
+        one group the slots stay as they are (a step that reads left to right is the source's step)."""
         conds: list[Any] = [None] * len(self.transformer.h)
-        if split.has_pathway:
-            wanted = split.select(target)
-            if self.config.target == "input":
-                x1 = x1 + embed_target(self.transformer.wtpe, wanted)
-            else:
-                conds = self._block_conditions(wanted, conditions)
-        return (x0, x1), conds
+        if split.pure == "source":
+            return x, conds
+        x0, x1 = (None, x) if split.pure == "pathway" else split.split(x)
+        wanted = target if split.pure == "pathway" else split.select(target)
+        if self.config.target == "input":
+            x1 = x1 + embed_target(self.transformer.wtpe, wanted)
+        else:
+            conds = self._block_conditions(wanted, conditions)
+        return (x1 if split.pure == "pathway" else (x0, x1)), conds
 
     def _final(self, x: torch.Tensor, target: torch.Tensor, conditions: Conditions | None,
                split: RowSplit | None) -> torch.Tensor:
@@ -395,10 +399,10 @@ class Transformer(nn.Module):
                 return tr.ln_f(h)
             return final(h, self._adaptive(final, t, None if conditions is None else conditions.final))
 
-        if split is None:
-            return norm(x, target)
-        h0, h1 = split.split(x)
         plain = tr.ln_f if final is None else final.ln_f
+        if split is None or split.pure is not None:
+            return plain(x) if split is not None and split.pure == "source" else norm(x, target)
+        h0, h1 = split.split(x)
         return split.join(None if h0 is None else plain(h0), None if h1 is None else norm(h1, split.select(target)))
 
     def slots_for_order(self, idx: torch.Tensor, order: torch.Tensor, with_last_slot: bool = False

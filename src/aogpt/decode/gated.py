@@ -34,9 +34,10 @@ class GatedKernel(LinearKernel):
         super().__init__(layer.weight, layer.bias, kind)
         with torch.no_grad():
             self.pathway = LinearKernel(layer.pathway_weight().detach(), layer.bias, kind)
+        object.__setattr__(self, "_merged", self.pathway)  # read per row group and layer: past Module's lookup
 
     def pathway_linear(self) -> LinearKernel:
-        return self.pathway
+        return self._merged
 
     def kernels(self) -> dict[str, LinearKernel]:
         """Both kernels by the name `aogpt.decode.runner.decode_linears` gives them (a suffix of the layer's)."""

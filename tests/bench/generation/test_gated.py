@@ -18,6 +18,12 @@ def test_the_benchmark_times_every_contender_and_reads_its_goals_off_the_rows():
         r = result["ratios"][k]
         assert r["cpu"] == pytest.approx(rows[k]["cpu_ms_per_step"] / rows[ref]["cpu_ms_per_step"])
         assert r["met_cpu"] == (r["cpu"] <= goal)
+        rounds = [a / b for a, b in zip(rows[k]["cpu_ms_runs"], rows[ref]["cpu_ms_runs"], strict=True)]
+        paired = r["cpu_paired"]
+        assert r["cpu_rounds"] == pytest.approx(rounds) and paired["value"] == pytest.approx(sum(rounds) / 2)
+        assert paired["low"] < paired["value"] < paired["high"] or rounds[0] == rounds[1]
+        verdict = "met" if paired["high"] < goal else "missed" if paired["low"] > goal else "inconclusive"
+        assert r["verdict"] == verdict
     text = to_markdown(result)
     assert "gated-random / aogpt" in text and "load average" in text and result["environment"]["cpu_class"]
 
