@@ -10,7 +10,10 @@ it (nothing is copied, the user's model is not modified) in which
   (`aogpt.backbone.FusedLinear`); a gated model's delta layer holds two, the source's weight and
   the merged W + dW (`aogpt.decode.gated`);
 - `kernels` (`aogpt.model.Kernels`) carry the measured few-query attention kernel, the dtype the KV
-  cache keeps and the layout of a ragged step, which `Transformer.setup_cache` and the samplers read.
+  cache keeps and the layout of a ragged step, which `Transformer.setup_cache` and the samplers read;
+- AO-GPT's adaLN tables (`Transformer.conditions`) are computed once, from the weights the copy is
+  built from, not at every `setup_cache` (milliseconds per `generate` call, and all of it overhead
+  for a gated model reading left to right, whose source slots never read them).
 
 Everything else is the model's: its `forward_slots` is the one forward every caller goes through
 (training, evaluation, the recompute baseline and every KV-cache step), so every oracle that holds
@@ -90,6 +93,8 @@ def prepare(model: nn.Module, choice: Choice) -> nn.Module:
     clone.kernels = dataclasses.replace(model.kernels, cache_attention=choice.attention, cache_store=choice.store,
                                         ragged=choice.layout)
     clone.decode_choice = choice
+    tables = model.conditions()  # computed once from these weights, as the server does: every cache set up reads them
+    clone.conditions = lambda: tables
     return clone.eval()
 
 
