@@ -66,9 +66,9 @@ def test_raw_weights_differ_and_no_cache_agrees(cli, runs):
     ema, raw, nocache = cli(*base), cli(*base, "--weights", "raw"), cli(*base, "--no-cache")
     assert ema.json["tokens"] != raw.json["tokens"]
     assert ema.json["tokens"] == nocache.json["tokens"] and nocache.json["settings"]["use_cache"] is False
-    previous = cli(*base, "--decode-path", "reference")  # the previous decode path draws the same sample
+    previous = cli(*base, "--decode-path", "reference")  # the reference decode path draws the same sample
     assert previous.json["tokens"] == ema.json["tokens"] and previous.json["settings"]["decode_path"] == "reference"
-    assert ema.json["settings"]["decode_path"] == "fast" and "the previous decode path" in previous.err
+    assert ema.json["settings"]["decode_path"] == "fast" and "the reference decode path" in previous.err
 
 
 def test_prompt_infill_and_known_tokens_are_kept(cli, runs):
