@@ -95,7 +95,8 @@ def test_aogpt_intermediate_activations_match_reference(by_target):
 
     tr = model.transformer
     hooks = [
-        tr.drop.register_forward_hook(keep("x0")),
+        # block 0's input: the embedding (dropout is skipped in evaluation, so no module returns it)
+        tr.h[0].register_forward_pre_hook(lambda module, args: seen.__setitem__("x0", (args, args[0]))),
         tr.h[0].adaLN.register_forward_hook(keep("adaLN0")),
         tr.final_layer.register_forward_hook(keep("final_layer_out")),
     ]

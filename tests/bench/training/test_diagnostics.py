@@ -33,7 +33,7 @@ def test_neighbour_attention_matches_a_loop_over_queries_and_is_one_when_blind()
     # independently: capture each block's attention input, then for every query slot recompute its
     # attention weights and the mass on keys whose token sits within 1 of the slot's target
     inputs = []
-    hooks = [b.attn.register_forward_pre_hook(lambda m, a: inputs.append(a[0])) for b in model.transformer.h]
+    hooks = [b.attn.c_attn.register_forward_pre_hook(lambda m, a: inputs.append(a[0])) for b in model.transformer.h]
     tokens, pos, target = model.slots_for_order(idx, order)
     with torch.no_grad():
         model.forward_slots(tokens, pos, target)

@@ -69,8 +69,10 @@ def neighbour_attention(model: nn.Module, idx: torch.Tensor, order: torch.Tensor
     looks there most, averaged over the slots that can see at least one neighbour."""
     core = unwrap(model)
     inputs: list[tuple[nn.Module, torch.Tensor]] = []
-    hooks = [block.attn.register_forward_pre_hook(lambda m, args: inputs.append((m, args[0])))
-             for block in core.transformer.h]
+    # attention's input: what its fused projection c_attn reads (a block calls the pieces of attention, not
+    # the attention module itself)
+    hooks = [block.attn.c_attn.register_forward_pre_hook(
+        lambda m, args, attn=block.attn: inputs.append((attn, args[0]))) for block in core.transformer.h]
     try:
         tokens, pos, target = core.slots_for_order(idx, order)
         core.forward_slots(tokens, pos, target)
