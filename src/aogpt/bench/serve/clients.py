@@ -229,7 +229,7 @@ def _decode_kernels(model: Any) -> str:
     """The kernels this process's decode path measured (each process measures its own at start)."""
     from aogpt.inference import for_inference
 
-    choice = getattr(for_inference(model), "choice", None)
+    choice = getattr(for_inference(model), "decode_choice", None)  # the prepared fast path's kernels
     return choice.describe() if choice is not None else "the model's own layers"
 
 
