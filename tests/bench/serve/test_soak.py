@@ -1,12 +1,11 @@
-"""The mixed soak of `aogpt bench serve --workload mixed`, 15 s long, as the suite runs it: 32
+"""The mixed soak of `aogpt bench serve --workload mixed`, half a minute long, as the suite runs it: 32
 clients send the six request kinds (seeds, streams, streams cut by their client, malformed
 requests) to `aogpt serve` with its defaults, whose output nobody reads, then SIGTERM under that
 load. Judged on correctness and liveness, not speed (a busy CI machine is slow, never stuck): the
 strict figures (/health p99 under 100 ms, progress at least every 2 s) are the benchmark's, run on a
-quiet machine (docs/serve.md). Memory is not judged here: in 15 s on a busy machine the
+quiet machine (docs/serve.md). Memory is not judged here: in half a minute on a busy machine the
 server is still warming up (its allocator and oneDNN's kernel cache grow for minutes), so only the
-ten-minute benchmark can tell growth from warm-up. On a busy 2-core machine 15 s hold about twice
-the requests the thresholds below ask for, under the AVX2 switch too."""
+ten-minute benchmark can tell growth from warm-up."""
 
 from __future__ import annotations
 
@@ -24,8 +23,8 @@ def slow_checkpoint(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_15_s_of_mixed_load_then_sigterm(slow_checkpoint, tmp_path):
-    s = soak(slow_checkpoint, clients=32, seconds=15, threads=1, seed=0, out=tmp_path, workload=Workload(seeds=4))
+def test_half_a_minute_of_mixed_load_then_sigterm(slow_checkpoint, tmp_path):
+    s = soak(slow_checkpoint, clients=32, seconds=30, threads=1, seed=0, out=tmp_path, workload=Workload(seeds=4))
     report = to_markdown(s)
     assert s["sent_before_signal"] > 100 and s["answered_200"] > 50, report
     assert s["unanswered_count"] == 0, report  # every request answered: 200, 4xx or 503
