@@ -68,7 +68,7 @@ def test_config_files(tmp_path):
 
 def test_the_any_order_start_ramps_from_left_to_right_to_the_runs_order():
     from aogpt.config import any_order_start
-    from aogpt.orders import make_curriculum
+    from aogpt.curriculum import make_curriculum
 
     start = any_order_start("uniform", 1800)
     assert start == {"curriculum": "l2r@100,mallows:4..0.05@600", "l2r_first_steps": 0, "target_lr_mult": 10.0,

@@ -1,4 +1,4 @@
-"""The backbone's interchangeable parts: norms, rotary positions, MLPs (`ModelConfig` switches).
+"""The backbone's interchangeable parts: norms, rotary positions, MLPs, attention (`ModelConfig` switches).
 
 AO-GPT's own blocks use RMSNorm, learned position tables and a GELU MLP of width 4d; these switches
 also describe the blocks of pretrained left-to-right models, so one `aogpt.model.Transformer`
@@ -9,11 +9,18 @@ attention, no biases).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from aogpt.attention import AttentionMask, attend
 from aogpt.config import ModelConfig
+from aogpt.pathway import linear, side
+
+if TYPE_CHECKING:
+    from aogpt.kv_cache import KVCache, PackedSlots
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -262,16 +269,102 @@ class MLP(nn.Module):
         hidden = cfg.mlp_hidden or 4 * cfg.n_embd
         bias = cfg.bias if cfg.mlp_bias is None else cfg.mlp_bias
         self.swiglu = cfg.mlp == "swiglu"
-        self.c_fc = nn.Linear(cfg.n_embd, (2 if self.swiglu else 1) * hidden, bias=bias)
+        self.c_fc = linear(cfg, cfg.n_embd, (2 if self.swiglu else 1) * hidden, bias)
         self.gelu = nn.GELU(approximate="tanh" if cfg.mlp == "gelu-tanh" else "none")
-        self.c_proj = nn.Linear(hidden, cfg.n_embd, bias=bias)
+        self.c_proj = linear(cfg, hidden, cfg.n_embd, bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """The MLP's output, plus `residual` when given (the block's residual add, `project`)."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, pathway: bool = False) -> torch.Tensor:
+        """The MLP's output, plus `residual` when given (the block's residual add, `project`); `pathway`:
+        with the layers' W + dW (a gated model's pathway rows, `aogpt.pathway.side`)."""
+        c_fc, c_proj = side(self.c_fc, pathway), side(self.c_proj, pathway)
         if self.swiglu:
-            gate, up = self.c_fc(x).chunk(2, dim=-1)
+            gate, up = c_fc(x).chunk(2, dim=-1)
             h = F.silu(gate) * up
         else:
-            h = linear_gelu(self.c_fc, x, self.gelu.approximate)
-        return project(self.c_proj, h, residual, self.dropout)
+            h = linear_gelu(c_fc, x, self.gelu.approximate)
+        return project(c_proj, h, residual, self.dropout)
+
+
+class SelfAttention(nn.Module):
+    """Causal (or full) self-attention with the fused projection ``c_attn`` = [q; k; v]. With
+    grouped-query attention (``n_kv_head`` < ``n_head``) k and v have fewer heads, each shared by
+    ``n_head / n_kv_head`` query heads (repeated before attention; the KV cache holds them repeated)."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        d = cfg.n_embd
+        self.n_head, self.n_kv_head = cfg.n_head, cfg.kv_heads
+        self.head_dim = cfg.head_dim
+        self.split = (d, self.n_kv_head * cfg.head_dim, self.n_kv_head * cfg.head_dim)
+        self.c_attn = linear(cfg, d, sum(self.split), cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias)
+        self.c_proj = linear(cfg, d, d, cfg.bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+        self.qk_norm = cfg.qk_norm
+        self.causal = cfg.causal
+        self.dropout = cfg.dropout
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.layer_idx = layer_idx
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | AttentionMask | None, cache: KVCache | None,
+                cache_pos: int | torch.Tensor | PackedSlots | None = None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None, kernel: str = "auto",
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention's output projection (plus `residual` when given: the block's residual add, fused
+        into the product by a prepared inference kernel, `aogpt.backbone.project`)."""
+        y = self.mix(self.c_attn(x), attn_mask, cache, cache_pos, rope, kernel)
+        return project(self.c_proj, y, residual, self.resid_dropout)
+
+    def mix(self, qkv: torch.Tensor, attn_mask: torch.Tensor | AttentionMask | None, cache: KVCache | None,
+            cache_pos: int | torch.Tensor | PackedSlots | None = None,
+            rope: tuple[torch.Tensor, torch.Tensor] | None = None, kernel: str = "auto") -> torch.Tensor:
+        """Attention over the projected [q; k; v] (B, S, .): (B, S, d), before the output projection (the
+        one part of a layer where slots read each other: a gated model projects its rows apart and
+        joins them here). With a KV cache the slots are rows (B * S, 3, H, D) written to and attending
+        over the cache (`KVCache.attend_rows`); without, (B, H, S, D) attending over themselves."""
+        B, S, _ = qkv.shape
+        d = self.n_head * self.head_dim
+        if cache is not None:
+            y = cache.attend_rows(self.layer_idx, self._rows(qkv, B * S, rope), cache_pos, attn_mask,
+                                  self.head_dim ** -0.5)
+            return y.view(B, S, d)
+        q, k, v = (t.view(B, S, -1, self.head_dim) for t in qkv.split(self.split, dim=2))
+        if self.qk_norm:  # over each head's vector, as the heads move to the front
+            q = head_rms_norm(q, self.q_norm.weight, self.q_norm.eps)
+            k = head_rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+        else:
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+        v = v.transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rotary(q, rope), apply_rotary(k, rope)
+        if self.n_kv_head != self.n_head:
+            k, v = (t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in (k, v))
+        y = attend(q, k, v, attn_mask, causal=self.causal, dropout=self.dropout if self.training else 0.0,
+                   kind=kernel)
+        return y.transpose(1, 2).reshape(B, S, d)
+
+    def _rows(self, qkv: torch.Tensor, R: int, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """A cache step's q, k, v as rows (R, 3, H, D): a view of the fused projection, the QK-norm
+        written into it in place (inference), unless rotary positions or shared key heads need them
+        apart (then rotated, repeated and stacked)."""
+        H, D = self.n_head, self.head_dim
+        if rope is None and self.n_kv_head == H:
+            rows = qkv.view(R, 3, H, D)
+            if self.qk_norm:  # q and k normalised together, each scaled by its own weight
+                weight = torch.stack([self.q_norm.weight, self.k_norm.weight])[:, None]
+                normed = rms_norm(rows[:, :2], None, self.q_norm.eps)
+                if torch.is_grad_enabled():
+                    return torch.cat([normed * weight, rows[:, 2:]], dim=1)
+                torch.mul(normed, weight, out=rows[:, :2])
+            return rows
+        q, k, v = (t.view(R, -1, D) for t in qkv.reshape(R, -1).split(self.split, dim=-1))
+        if self.qk_norm:
+            q, k = rms_norm(q, self.q_norm.weight, self.q_norm.eps), rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+        if rope is not None:  # the tables (B, 1, S, D) as one per row (R, 1, D)
+            rope = tuple(t.transpose(1, 2).reshape(R, 1, D) for t in rope)
+            q, k = apply_rotary(q, rope), apply_rotary(k, rope)
+        if self.n_kv_head != H:
+            k, v = (t.repeat_interleave(H // self.n_kv_head, dim=1) for t in (k, v))
+        return torch.stack([q, k, v], dim=1)

@@ -34,6 +34,7 @@ from aogpt.errors import AOGPTError
 from aogpt.families import unwrap
 from aogpt.io import atomic_dir, read_json, write_json
 from aogpt.model import Transformer
+from aogpt.pathway import is_gated
 from aogpt.validation import require
 
 FORMAT = "aogpt-checkpoint/1"
@@ -64,6 +65,9 @@ def save_checkpoint(directory: Path, model: torch.nn.Module, *, config: dict[str
     directory = Path(directory)
     names = unique_state(model).keys()
     raw = unique_state(model) if raw is None else raw
+    core = unwrap(model)
+    if is_gated(core):  # which weights are the pathway's (they train; the rest is the frozen source)
+        config = {**config, "pathway": {"trained": [n for n, p in core.named_parameters() if p.requires_grad]}}
     with atomic_dir(directory) as tmp:
         tensors = {f"raw.{k}": raw[k].detach().cpu().contiguous() for k in names}
         if ema is not None:

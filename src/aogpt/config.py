@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from aogpt.compiling import CHOICES as COMPILE_CHOICES
+from aogpt.curriculum import make_curriculum
 from aogpt.errors import AOGPTError, check_choice
 from aogpt.families import family
-from aogpt.orders import Mallows, make_curriculum, make_order_sampler
+from aogpt.orders import Mallows, make_order_sampler
+from aogpt.pathway import PATHWAYS
 from aogpt.precision import AUTOCAST, canonical
 from aogpt.validation import SEED_MAX, bounded, check_ranges
 
@@ -67,6 +69,12 @@ class ModelConfig:
     # A left-to-right model trained to fill in the middle (`aogpt.data.fim`, train.fim_rate): its sentinel ids
     # [end, prefix, suffix, middle], right after the tokenizer's own; None for every other model.
     fim_tokens: list[int] | None = None
+    # How an adapted model reads orders other than left to right (`aogpt.pathway`, docs/adapt.md): "shared", every
+    # slot through the same weights; "gated", the source's weights frozen and alone on the slots that read left to
+    # right, a new pathway (a delta per linear layer of rank `pathway_rank`, 0: full rank; adaLN; the target table)
+    # added on every other slot.
+    pathway: str = "shared"
+    pathway_rank: int = bounded(0, ge=0, le=2**17)
 
     @property
     def head_dim(self) -> int:
@@ -109,6 +117,11 @@ class ModelConfig:
             raise AOGPTError("a tied output head has no bias in this model", "set head_bias false")
         if self.fim_tokens is not None:
             self._check_fim()
+        check_choice("pathway", self.pathway, PATHWAYS)
+        if self.pathway == "gated" and (not family(self.variant).any_order or self.target not in ("adaln", "input")):
+            raise AOGPTError(f"a gated pathway adds orders other than left to right through adaLN or an input target "
+                             f"table, which variant {self.variant} (target {self.target}) has not",
+                             "use variant aogpt or sigma (aogpt adapt --variant)")
         return self
 
     def _check_fim(self) -> None:
@@ -154,7 +167,7 @@ class TrainConfig:
     # The first N optimizer steps read every sequence left to right, then `order`: a short run otherwise spends
     # its first hundreds of steps at the unigram loss before it learns to use the target position (docs/training.md).
     l2r_first_steps: int = bounded(0, ge=0, le=STEPS_MAX)
-    # Order distributions before `order` (aogpt.orders.Curriculum), e.g. "l2r@100,mallows:4..0.05@600": from
+    # Order distributions before `order` (aogpt.curriculum.Curriculum), e.g. "l2r@100,mallows:4..0.05@600": from
     # left to right towards the run's order, so the target pathway is learned step by step (docs/training.md).
     curriculum: str = ""
     lr_schedule: str = "cosine"  # cosine, or wsd: warm-up, constant, decay over the last decay_share (train.schedule)
@@ -235,6 +248,20 @@ ADAPT_RECIPE: dict[str, Any] = dict(
     backbone_lr_mult=0.1, target_lr_mult=10.0, replay_l2r=0.25, distill_l2r=1.0, order="mixture",
     curriculum="l2r@10,mallows:4..0.05@60", lr_schedule="wsd", decay_share=0.2, eval_interval=250,
     eval_batches=8, log_interval=10, ckpt_interval=1000, ema_decay=0.99)
+# Fine-tuning a gated pathway (`aogpt.pathway`, docs/adapt.md): only the new pathway trains (the source is frozen
+# and read left to right it stays the source whatever the pathway learns), so there is nothing to hold: no replay,
+# no distillation, no left-to-right rows (a left-to-right row's slots are the source's: they teach the pathway
+# nothing). The deltas at lr (the backbone's role), adaLN and the target table at 10x it; orders: a Mallows ramp
+# from nearly left to right over the first 150 steps (without it the pathway sat on the unigram plateau for 500
+# steps), then random and infilling orders (a prefix, the text after a gap, then the gap) in equal shares (the
+# screening in docs/adapt.md).
+GATED_RECIPE: dict[str, Any] = dict(
+    batch_size=16, max_steps=100_000, max_minutes=10.0, lr=3e-3, min_lr=3e-4, warmup_steps=10,
+    backbone_lr_mult=1.0, target_lr_mult=10.0, replay_l2r=0.0, distill_l2r=0.0, order="uniform*0.5+infill*0.5",
+    curriculum="mallows:4..0.05@150", lr_schedule="wsd", decay_share=0.2, eval_interval=250, eval_batches=8,
+    log_interval=10, ckpt_interval=1000, ema_decay=0.99)
+GATED_WHY = ("the recipe measured for a gated pathway in docs/adapt.md: only the new pathway trains, read left to "
+             "right the model stays its source")
 ADAPT_WHY = ("the recipe measured for adapted checkpoints in docs/adapt.md: it keeps the source's left-to-right "
              "quality, at the price of the other orders: in the runs measured, a random order stayed on the unigram "
              "plateau")
@@ -265,6 +292,10 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         # recipe measured in docs/adapt.md. The model is the checkpoint's; these are the train fields only.
         "model": {},
         "train": dict(ADAPT_RECIPE),
+    },
+    "adapt-gated": {  # fine-tuning a gated pathway (`aogpt adapt --pathway gated` writes it as the recipe)
+        "model": {},
+        "train": dict(GATED_RECIPE),
     },
     "cpu-small": {  # a small CPU model: about 7 minutes (850 steps, 1.7 M tokens) on 2 CPU cores
         "model": dict(n_layer=4, n_head=3, n_embd=192, block_size=128, target_dim=128),

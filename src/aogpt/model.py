@@ -30,25 +30,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aogpt.attention import AttentionMask, attend
-from aogpt.backbone import (  # noqa: F401 (RMSNorm, LayerNorm: their old import path)
+from aogpt.attention import AttentionMask
+from aogpt.backbone import (  # noqa: F401 (RMSNorm, LayerNorm, SelfAttention: their old import path)
     MLP,
     LayerNorm,
     RMSNorm,
+    SelfAttention,
     _RMSNormFunction,
-    apply_rotary,
     dropping,
     fold_affine,
-    head_rms_norm,
     make_norm,
     project,
-    rms_norm,
     rotary_tables,
 )
 from aogpt.config import ModelConfig
 from aogpt.errors import AOGPTError
 from aogpt.functional import token_nll
 from aogpt.kv_cache import Conditions, KVCache, PackedSlots, cache_settings
+from aogpt.orders import left_to_right_slots
+from aogpt.pathway import DELTA_NAMES, DeltaLinear, RowSplit, freeze_source, side
 
 
 def sinusoids(n: int, dim: int, std: float) -> torch.Tensor:
@@ -67,88 +67,19 @@ def embed_target(table: nn.Embedding, target: torch.Tensor) -> torch.Tensor:
     return F.embedding(target, F.pad(table.weight, (0, 0, 0, 1)))
 
 
-class SelfAttention(nn.Module):
-    """Causal (or full) self-attention with the fused projection ``c_attn`` = [q; k; v]. With
-    grouped-query attention (``n_kv_head`` < ``n_head``) k and v have fewer heads, each shared by
-    ``n_head / n_kv_head`` query heads (repeated before attention; the KV cache holds them repeated)."""
-
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
-        super().__init__()
-        d = cfg.n_embd
-        self.n_head, self.n_kv_head = cfg.n_head, cfg.kv_heads
-        self.head_dim = cfg.head_dim
-        self.split = (d, self.n_kv_head * cfg.head_dim, self.n_kv_head * cfg.head_dim)
-        self.c_attn = nn.Linear(d, sum(self.split), bias=cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias)
-        self.c_proj = nn.Linear(d, d, bias=cfg.bias)
-        if cfg.qk_norm:
-            self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
-            self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
-        self.qk_norm = cfg.qk_norm
-        self.causal = cfg.causal
-        self.dropout = cfg.dropout
-        self.resid_dropout = nn.Dropout(cfg.dropout)
-        self.layer_idx = layer_idx
-
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | AttentionMask | None, cache: KVCache | None,
-                cache_pos: int | torch.Tensor | PackedSlots | None = None,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None, kernel: str = "auto",
-                residual: torch.Tensor | None = None) -> torch.Tensor:
-        """Attention's output projection (plus `residual` when given: the block's residual add, fused
-        into the product by a prepared inference kernel, `aogpt.backbone.project`). With a KV cache
-        the slots are rows (B * S, 3, H, D) written to and attending over the cache
-        (`KVCache.attend_rows`); without, (B, H, S, D) attending over themselves."""
-        B, S, d = x.shape
-        qkv = self.c_attn(x)
-        if cache is not None:
-            y = cache.attend_rows(self.layer_idx, self._rows(qkv, B * S, rope), cache_pos, attn_mask,
-                                  self.head_dim ** -0.5)
-            return project(self.c_proj, y.view(B, S, d), residual, self.resid_dropout)
-        q, k, v = (t.view(B, S, -1, self.head_dim) for t in qkv.split(self.split, dim=2))
-        if self.qk_norm:  # over each head's vector, as the heads move to the front
-            q = head_rms_norm(q, self.q_norm.weight, self.q_norm.eps)
-            k = head_rms_norm(k, self.k_norm.weight, self.k_norm.eps)
-        else:
-            q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = v.transpose(1, 2)
-        if rope is not None:
-            q, k = apply_rotary(q, rope), apply_rotary(k, rope)
-        if self.n_kv_head != self.n_head:
-            k, v = (t.repeat_interleave(self.n_head // self.n_kv_head, dim=1) for t in (k, v))
-        y = attend(q, k, v, attn_mask, causal=self.causal, dropout=self.dropout if self.training else 0.0,
-                   kind=kernel)
-        return project(self.c_proj, y.transpose(1, 2).reshape(B, S, d), residual, self.resid_dropout)
-
-    def _rows(self, qkv: torch.Tensor, R: int, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        """A cache step's q, k, v as rows (R, 3, H, D): a view of the fused projection, the QK-norm
-        written into it in place (inference), unless rotary positions or shared key heads need them
-        apart (then rotated, repeated and stacked)."""
-        H, D = self.n_head, self.head_dim
-        if rope is None and self.n_kv_head == H:
-            rows = qkv.view(R, 3, H, D)
-            if self.qk_norm:  # q and k normalised together, each scaled by its own weight
-                weight = torch.stack([self.q_norm.weight, self.k_norm.weight])[:, None]
-                normed = rms_norm(rows[:, :2], None, self.q_norm.eps)
-                if torch.is_grad_enabled():
-                    return torch.cat([normed * weight, rows[:, 2:]], dim=1)
-                torch.mul(normed, weight, out=rows[:, :2])
-            return rows
-        q, k, v = (t.view(R, -1, D) for t in qkv.reshape(R, -1).split(self.split, dim=-1))
-        if self.qk_norm:
-            q, k = rms_norm(q, self.q_norm.weight, self.q_norm.eps), rms_norm(k, self.k_norm.weight, self.k_norm.eps)
-        if rope is not None:  # the tables (B, 1, S, D) as one per row (R, 1, D)
-            rope = tuple(t.transpose(1, 2).reshape(R, 1, D) for t in rope)
-            q, k = apply_rotary(q, rope), apply_rotary(k, rope)
-        if self.n_kv_head != H:
-            k, v = (t.repeat_interleave(H // self.n_kv_head, dim=1) for t in (k, v))
-        return torch.stack([q, k, v], dim=1)
-
-
 class Block(nn.Module):
     """Pre-norm transformer block. `cond` is the block's target information: the adaLN modulation
     (shift/scale/gate for attention and MLP) for AO-GPT, an embedding added to the block input for
     the every-block / per-block injections, or None. It may also be a function of the block that
     computes it: then it runs inside the block's forward, where an FSDP2-sharded block has its
-    weights gathered."""
+    weights gathered.
+
+    In a model with a gated pathway (`aogpt.pathway`) a forward passes `split`, its rows by gate: `x`
+    is then the pair (the source's rows, the pathway's rows) and `cond` the pathway's rows' modulation
+    (when every row is in one group, `x` is the rows as they are, in the source's shapes).
+    Each group goes through the same two halves of the block as any model's rows (`_attention_input`,
+    `_attention_output`), the source's with its plain norms and weights, the pathway's modulated and
+    with W + dW, and the groups meet in attention only."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
@@ -157,32 +88,58 @@ class Block(nn.Module):
         self.ln_2 = make_norm(cfg, cfg.n_embd)
         self.mlp = MLP(cfg)
         self.adaptive = cfg.target == "adaln"
+        self.gated = cfg.pathway == "gated"
         if self.adaptive:
             self.adaLN = nn.Sequential(nn.SiLU(), nn.Linear(cfg.target_dim, 6 * cfg.n_embd))
         if cfg.target == "per-block":
             self.wtpe = nn.Embedding(cfg.block_size, cfg.n_embd)
 
     def condition(self, target_embedding: torch.Tensor) -> torch.Tensor:
-        """adaLN rows (..., 6d): shift, scale, gate for attention then MLP, norms' affine folded in."""
+        """adaLN rows (..., 6d): shift, scale, gate for attention then MLP, norms' affine folded in. In a
+        gated model the gates are 1 + the layer's output: all of its pathway at zero is the source's block."""
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = self.adaLN(target_embedding).chunk(6, dim=-1)
+        if self.gated:
+            gate_a, gate_m = 1 + gate_a, 1 + gate_m
         return torch.cat([*fold_affine(self.ln_1, shift_a, scale_a), gate_a,
                           *fold_affine(self.ln_2, shift_m, scale_m), gate_m], dim=-1)
 
-    def forward(self, x: torch.Tensor, cond: torch.Tensor | None, attn_mask: torch.Tensor | AttentionMask | None,
+    def _attention_input(self, x: torch.Tensor, mod: Any, pathway: bool = False) -> torch.Tensor:
+        """The first half of the block up to attention: [q; k; v] of the normed (or modulated) rows."""
+        h = self.ln_1(x) if mod is None else self.ln_1.modulate(x, mod[0], mod[1])
+        return side(self.attn.c_attn, pathway)(h)
+
+    def _attention_output(self, x: torch.Tensor, y: torch.Tensor, mod: Any, pathway: bool = False) -> torch.Tensor:
+        """The rest of the block from attention's output `y`: the output projection and the MLP, each
+        added to the residual stream (scaled by the modulation's gates when there is one)."""
+        attn, mlp = self.attn, self.mlp
+        proj = side(attn.c_proj, pathway)
+        if mod is None:
+            x = project(proj, y, x, attn.resid_dropout)
+            return mlp(self.ln_2(x), residual=x, pathway=pathway)
+        x = torch.addcmul(x, mod[2], project(proj, y, None, attn.resid_dropout))
+        return torch.addcmul(x, mod[5], mlp(self.ln_2.modulate(x, mod[3], mod[4]), pathway=pathway))
+
+    def forward(self, x: Any, cond: torch.Tensor | None, attn_mask: torch.Tensor | AttentionMask | None,
                 cache: KVCache | None, cache_pos: int | torch.Tensor | PackedSlots | None = None,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None, kernel: str = "auto") -> torch.Tensor:
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None, kernel: str = "auto",
+                split: RowSplit | None = None) -> Any:
         if callable(cond):
             cond = cond(self)
-        if not self.adaptive:
-            if cond is not None:
-                x = x + cond
-            x = self.attn(self.ln_1(x), attn_mask, cache, cache_pos, rope, kernel, residual=x)
-            return self.mlp(self.ln_2(x), residual=x)
-        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = cond if isinstance(cond, tuple) else cond.chunk(6, -1)
-        h = self.ln_1.modulate(x, shift_a, scale_a)
-        x = torch.addcmul(x, gate_a, self.attn(h, attn_mask, cache, cache_pos, rope, kernel))
-        h = self.ln_2.modulate(x, shift_m, scale_m)
-        return torch.addcmul(x, gate_m, self.mlp(h))
+        mod = None
+        if self.adaptive and cond is not None:
+            mod = cond if isinstance(cond, tuple) else cond.chunk(6, -1)
+        elif cond is not None:
+            x = x + cond
+        if split is None or split.pure is not None:  # one group: the rows as they are
+            pathway = split is not None and split.pure == "pathway"
+            y = self.attn.mix(self._attention_input(x, mod, pathway), attn_mask, cache, cache_pos, rope, kernel)
+            return self._attention_output(x, y, mod, pathway)
+        x0, x1 = x  # the source's rows (plain norms, W), the pathway's (modulated, W + dW)
+        qkv = split.join(None if x0 is None else self._attention_input(x0, None),
+                         None if x1 is None else self._attention_input(x1, mod, True))
+        y0, y1 = split.split(self.attn.mix(qkv, attn_mask, cache, cache_pos, rope, kernel))
+        return (None if x0 is None else self._attention_output(x0, y0, None),
+                None if x1 is None else self._attention_output(x1, y1, mod, True))
 
 
 class FinalLayer(nn.Module):
@@ -248,6 +205,8 @@ class Transformer(nn.Module):
         if cfg.tie_head:
             self.lm_head.weight = self.transformer.wte.weight
         self.reset_parameters()
+        if cfg.pathway == "gated":  # the source's weights never train (`aogpt.pathway`)
+            freeze_source(self)
 
     # ------------------------------------------------------------------ setup
     @classmethod
@@ -264,6 +223,8 @@ class Transformer(nn.Module):
         """GPT-2 initialisation; residual projections scaled by 1/sqrt(2 * n_layer); adaLN-Zero."""
         std = 0.02
         for name, p in self.named_parameters():
+            if name.rpartition(".")[2] in DELTA_NAMES:
+                continue  # a gated pathway's deltas: `DeltaLinear.reset_delta` below
             if name.endswith("bias"):
                 nn.init.zeros_(p)
             elif p.dim() == 1:  # norm weights
@@ -283,6 +244,9 @@ class Transformer(nn.Module):
                 tables += [b.wtpe for b in tr.h if hasattr(b, "wtpe")]
                 for table in tables:
                     table.weight.copy_(sinusoids(*table.weight.shape, std))
+        for module in self.modules():
+            if isinstance(module, DeltaLinear):
+                module.reset_delta()
 
     def target_pathway(self) -> dict[str, nn.Parameter]:
         """The parameters that carry the target position (the position a slot must predict): the
@@ -304,7 +268,7 @@ class Transformer(nn.Module):
             here, there = tr.wpe(pos), embed_target(tr.wtpe, target)  # a (1, S) target row serves every sequence
             return tok + torch.cat([here, there.expand(*here.shape[:-1], -1)], dim=-1)
         x = tok + tr.wpe(pos) if "wpe" in tr else tok
-        if self.config.target == "input":
+        if self.config.target == "input" and self.config.pathway != "gated":  # gated: the pathway's rows only
             x = x + embed_target(tr.wtpe, target)
         return x
 
@@ -356,7 +320,7 @@ class Transformer(nn.Module):
     def forward_slots(self, tokens: torch.Tensor, pos: torch.Tensor, target: torch.Tensor | None = None, *,
                       attn_mask: torch.Tensor | None = None, cache: KVCache | None = None,
                       cache_pos: int | torch.Tensor | PackedSlots | None = None, select: torch.Tensor | None = None,
-                      conditions: Conditions | None = None) -> torch.Tensor:
+                      conditions: Conditions | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
         """Logits for arbitrary slots: the one forward pass every caller goes through.
 
         tokens, pos, target: (B, S) slot contents (< 0: no content), original positions (0 = start),
@@ -366,7 +330,11 @@ class Transformer(nn.Module):
         column, (B, S) columns, or `PackedSlots` for a packed (1, R) ragged step) and attend over
         (`aogpt.kv_cache`). select: (B, R) slot indices
         whose logits are wanted (the head is the costliest layer of a small model). conditions:
-        precomputed adaLN tables (default: the cache's, else computed from the weights now).
+        precomputed adaLN tables (default: the cache's, else computed from the weights now). gate: in a
+        model with a gated pathway (`aogpt.pathway`), (B, S) bool, True for the slots that do not read
+        left to right (`aogpt.orders.left_to_right_slots`); None: the slots are one chain from the start
+        slot, and the gate follows from their positions and targets (a cached step must pass it).
+        Ignored by other models.
         """
         if target is None:
             target = torch.full_like(pos, self.config.block_size)
@@ -380,17 +348,62 @@ class Transformer(nn.Module):
         cfg = self.config
         rope = rotary_tables(pos, cfg.head_dim, cfg.rope_theta) if cfg.positions == "rotary" else None
         kernel = self.kernels.attention
-        for block, cond in zip(self.transformer.h, self._block_conditions(target, conditions), strict=True):
-            x = block(x, cond, attn_mask, cache, cache_pos, rope, kernel)
+        split = None
+        if cfg.pathway == "gated":  # the rows apart by gate (`aogpt.pathway`); the pathway's get the target
+            if gate is None:
+                if cache is not None:
+                    raise AOGPTError("a gated model's cached step needs each slot's gate",
+                                     "pass gate= (aogpt.orders.step_gates)")
+                gate = ~left_to_right_slots(pos.expand(tokens.shape), target.expand(tokens.shape))
+            gate, target = gate.expand(tokens.shape), target.expand(tokens.shape)
+            split = RowSplit(gate)
+            x, conds = self._pathway_rows(split, x, target, conditions)
+        else:
+            conds = self._block_conditions(target, conditions)
+        for block, cond in zip(self.transformer.h, conds, strict=True):
+            x = block(x, cond, attn_mask, cache, cache_pos, rope, kernel, split)
+        if split is not None and split.pure is None:
+            x = split.join(*x)
         if select is not None:
             x = x.gather(1, select.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
             target = target.expand(select.shape[0], -1).gather(1, select)
-        if self.config.target == "adaln":
-            final = self.transformer.final_layer
-            x = final(x, self._adaptive(final, target, None if conditions is None else conditions.final))
+            split = None if split is None else RowSplit(gate.gather(1, select), split.pure)
+        return self.lm_head(self._final(x, target, conditions, split))
+
+    def _pathway_rows(self, split: RowSplit, x: torch.Tensor, target: torch.Tensor, conditions: Conditions | None
+                      ) -> tuple[Any, list[Any]]:
+        """A gated model's embedded slots as (the source's rows, the pathway's rows), the target entering the
+        pathway's rows only (sigma-GPT's table at the input), and the blocks' modulation of those rows
+        (AO-GPT's adaLN; None for the source's, which are the source's blocks). When every row is in
+        one group the slots stay as they are (a step that reads left to right is the source's step)."""
+        conds: list[Any] = [None] * len(self.transformer.h)
+        if split.pure == "source":
+            return x, conds
+        x0, x1 = (None, x) if split.pure == "pathway" else split.split(x)
+        wanted = target if split.pure == "pathway" else split.select(target)
+        if self.config.target == "input":
+            x1 = x1 + embed_target(self.transformer.wtpe, wanted)
         else:
-            x = self.transformer.ln_f(x)
-        return self.lm_head(x)
+            conds = self._block_conditions(wanted, conditions)
+        return (x1 if split.pure == "pathway" else (x0, x1)), conds
+
+    def _final(self, x: torch.Tensor, target: torch.Tensor, conditions: Conditions | None,
+               split: RowSplit | None) -> torch.Tensor:
+        """The final norm before the head (AO-GPT's modulated by the target); in a gated model the
+        source's rows take the source's plain norm, the pathway's the modulated one."""
+        tr = self.transformer
+        final = tr.final_layer if self.config.target == "adaln" else None
+
+        def norm(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            if final is None:
+                return tr.ln_f(h)
+            return final(h, self._adaptive(final, t, None if conditions is None else conditions.final))
+
+        plain = tr.ln_f if final is None else final.ln_f
+        if split is None or split.pure is not None:
+            return plain(x) if split is not None and split.pure == "source" else norm(x, target)
+        h0, h1 = split.split(x)
+        return split.join(None if h0 is None else plain(h0), None if h1 is None else norm(h1, split.select(target)))
 
     def slots_for_order(self, idx: torch.Tensor, order: torch.Tensor, with_last_slot: bool = False
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -437,7 +450,7 @@ class Transformer(nn.Module):
         elif cfg.target == "none" and not torch.compiler.is_compiling() and not bool(
                 (order == torch.arange(n, device=order.device)).all()):  # (a data-dependent check: eager only)
             raise AOGPTError(f"variant {cfg.variant} reads left to right only", "use order l2r")
-        if cfg.target != "none" and self.kernels.by_target:
+        if cfg.target != "none" and self.kernels.by_target and cfg.pathway != "gated":
             rows = self.forward_by_target(idx, order, with_last_slot)
             losses = token_nll(rows[:, :n], idx).gather(1, order)  # slot t predicted the token at order[:, t]
             if not logits:

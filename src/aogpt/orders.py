@@ -20,6 +20,12 @@ and `aogpt sample --order`):
   inv = the number of inversions (pairs read against the text's direction). THETA = 0 is uniform,
   ``inf`` (or a large THETA) is left to right; in between, "left to right with local shuffles" whose
   size shrinks like 1/THETA.
+- ``infill[:L]``: a prefix read left to right, then the text after a gap, then the gap, left to right:
+  the order in which an infilling is scored given both sides (`aogpt.evaluation.infill`). The gap
+  holds L positions (default: one of `INFILL_SPANS`, drawn per sequence, shortened to fit) and starts
+  at a uniformly drawn position, so the prefix or the suffix may be empty.
+- ``SPEC*W+SPEC*W+...``: a blend: each sequence draws one of the specs with probability proportional
+  to its weight (``uniform*0.75+infill*0.25``).
 - ``window:W``: a sliding window over the unread positions: each step reads a position drawn
   uniformly from the W leftmost positions not yet read (all of them when fewer remain). W = 1 is
   left to right, W >= n uniform; a position is read at most W - 1 steps before its left-to-right
@@ -43,6 +49,14 @@ training and evaluation refuse them.
 Besides specs, generation and evaluation accept explicit orders: a permutation (n,) for every
 sequence or one per sequence (N, n), checked by `check_permutation`. Whether something is left to
 right is answered by `is_left_to_right`, for specs, samplers and tensors alike.
+
+**Which slots read left to right** (`identity_run`, `left_to_right_slots`, `gates`): slot i of an
+order reads left to right when the order so far is the identity, ``order[:i+1] == 0..i``: it holds
+x[i-1] (the start token for i = 0) after reading x[0..i-1] in that order and predicts x[i], exactly
+what a left-to-right model computes there. These slots form the order's leading identity run. A
+model with a gated pathway (`aogpt.pathway`) computes them with its source's weights alone (gate 0)
+and every other slot through the new pathway (gate 1); training, evaluation and generation all take
+the gate from here.
 """
 
 from __future__ import annotations
@@ -57,11 +71,13 @@ from aogpt.validation import SEED_MAX, Range
 _SEED = Range(ge=0, le=SEED_MAX, integer=True)
 _BLOCK = Range(ge=2, le=2**20, integer=True)
 _PROBABILITY = Range(ge=0, le=1)
-_DISPERSION = Range(ge=0, le=1e6)  # exp(-1e6) underflows: larger is left to right; "inf" is accepted too
+DISPERSION = Range(ge=0, le=1e6)  # exp(-1e6) underflows: larger is left to right; "inf" is accepted too
 _WIDTH = Range(ge=1, le=2**20, integer=True)
+_WEIGHT = Range(ge=0, le=1e6)  # a blend's part: weights are normalised
 
 ORDER_SPECS = ("l2r", "uniform", "mixture[:P]", "fixed-random[:SEED]", "blockwise[:K[:SEED]]", "mallows:THETA",
-               "window:W")
+               "window:W", "infill[:L]", "SPEC*W+SPEC*W")
+INFILL_SPANS = (8, 32, 64)  # the gap lengths an infilling order draws by default (and `aogpt eval --infill` scores)
 ALIASES = {"random": "uniform"}  # generation's and evaluation's historical name for uniform orders
 ADAPTIVE = ("confidence", "margin", "entropy")  # chosen by the model while generating
 
@@ -180,7 +196,7 @@ def _arg(spec: str, what: str, bounds: Range, text: str) -> int | float:
             from None
 
 
-ORDER_EXAMPLES = {"mixture": "mixture:0.1", "fixed-random": "fixed-random:7",
+ORDER_EXAMPLES = {"mixture": "mixture:0.1", "infill": "infill:32", "fixed-random": "fixed-random:7",
                   "blockwise": "blockwise:4 or blockwise:8:3", "mallows": "mallows:1 (0: uniform, inf: l2r)",
                   "window": "window:8"}
 
@@ -261,6 +277,68 @@ class Window(OrderSampler):
         return decode_ranks(torch.floor(u * choices).long())
 
 
+class Infill(OrderSampler):
+    """A prefix left to right, the text after a gap left to right, then the gap left to right (module
+    docstring): gap lengths `lengths` (one drawn per sequence, at most n), starts uniform over those
+    that fit."""
+
+    def __init__(self, length: int | None = None):
+        self.lengths = INFILL_SPANS if length is None else (length,)
+        self.spec = "infill" if length is None else f"infill:{length}"
+
+    def sample(self, batch, n, device="cpu", generator=None):
+        lengths = torch.tensor(self.lengths, device=device).clamp(max=n)
+        pick = torch.randint(len(self.lengths), (batch, 1), device=device, generator=generator)
+        gap = lengths[pick]  # (B, 1)
+        start = (torch.rand(batch, 1, device=device, generator=generator) * (n - gap + 1)).long()
+        p = torch.arange(n, device=device)
+        inside = (p >= start) & (p < start + gap)
+        return (p + n * inside).argsort(dim=1, stable=True)  # prefix, suffix, then the gap
+
+    def gap_lengths(self, n: int) -> tuple[int, ...]:
+        return tuple(min(length, n) for length in self.lengths)
+
+
+class Blend(OrderSampler):
+    """Each sequence reads an order of one of `parts` (samplers), drawn with probability proportional
+    to its weight; every part draws a whole batch, so the streams do not depend on which rows took it."""
+
+    def __init__(self, parts: list[tuple[OrderSampler, float]]):
+        total = sum(w for _, w in parts)
+        if len(parts) < 2 or total <= 0 or any(w < 0 for _, w in parts):
+            raise AOGPTError("a blend of orders needs at least two specs with weights >= 0 (not all 0)",
+                             "e.g. uniform*0.75+infill*0.25")
+        self.parts = [(sampler, w / total) for sampler, w in parts]
+        self.spec = "+".join(f"{sampler.spec}*{w:g}" for sampler, w in self.parts)
+        self.left_to_right = all(sampler.left_to_right for sampler, w in self.parts if w > 0)
+
+    def sample(self, batch, n, device="cpu", generator=None):
+        u = torch.rand(batch, 1, device=device, generator=generator)
+        edges = torch.tensor([w for _, w in self.parts], device=device).cumsum(0)
+        which = (u > edges[:-1]).sum(dim=1)  # the part each row reads
+        out = identity(batch, n, device).clone()
+        for k, (sampler, _) in enumerate(self.parts):
+            drawn = sampler.sample(batch, n, device, generator)
+            out = torch.where((which == k)[:, None], drawn, out)
+        return out
+
+
+def _blend(spec: str) -> Blend:
+    parts = []
+    for part in spec.split("+"):
+        inner, star, weight = part.strip().rpartition("*")
+        if not star or not inner:
+            raise AOGPTError(f"order blend {spec!r}: the part {part!r} has no weight",
+                             "write SPEC*WEIGHT parts joined by +, e.g. uniform*0.75+infill*0.25")
+        try:
+            w = float(_WEIGHT.parse(weight))
+        except ValueError:
+            raise AOGPTError(f"order blend {spec!r}: the weight of {inner!r} must be a number >= 0",
+                             "e.g. uniform*0.75+infill*0.25") from None
+        parts.append((make_order_sampler(inner), w))
+    return Blend(parts)
+
+
 def make_order_sampler(spec: str) -> OrderSampler:
     """Parse an order spec (see the module docstring) into a sampler."""
     if isinstance(spec, OrderSampler):
@@ -269,6 +347,8 @@ def make_order_sampler(spec: str) -> OrderSampler:
         raise AOGPTError(f"order {spec} is chosen by the model while generating, not drawn in advance",
                          "use it to sample (aogpt sample --order " + spec + "); here use e.g. uniform or l2r")
     spec = ALIASES.get(spec, spec)
+    if "+" in spec:
+        return _blend(spec)
     name, _, rest = spec.partition(":")
     args = rest.split(":") if rest else []
     try:
@@ -289,132 +369,14 @@ def make_order_sampler(spec: str) -> OrderSampler:
             return Fixed(label, lambda n: blockwise_order(n, k, seed))
         if name == "mallows" and len(args) == 1:
             inf = args[0].strip().lower() in ("inf", "infinity")
-            return Mallows(math.inf if inf else float(_arg(spec, "dispersion", _DISPERSION, args[0])))
+            return Mallows(math.inf if inf else float(_arg(spec, "dispersion", DISPERSION, args[0])))
         if name == "window" and len(args) == 1:
             return Window(int(_arg(spec, "window width", _WIDTH, args[0])))
+        if name == "infill" and len(args) <= 1:
+            return Infill(int(_arg(spec, "gap length", _WIDTH, args[0])) if args else None)
     except ValueError:
         pass
     raise AOGPTError(f"unknown order spec {spec!r}", f"use one of: {', '.join(ORDER_SPECS)}")
-
-
-class Curriculum:
-    """The order distribution at every training step: stages, each until a step, then the run's order.
-
-    A curriculum spec (``TrainConfig.curriculum``) lists stages ``SPEC@STEP`` separated by commas; a
-    stage reads its orders until optimizer step STEP (exclusive; the first stage starts at step 0),
-    and from the last STEP on, the run's own `order` applies. SPEC is any order spec, or a ramp
-    ``mallows:A..B``: Mallows orders whose dispersion moves geometrically from A at the stage's first
-    step to B at its last (A, B > 0), so the typical displacement from left to right (about 1/theta)
-    grows by the same factor every step. Example, from left to right to uniform orders:
-    ``l2r@100,mallows:4..0.05@600`` with ``order = uniform``.
-
-    Every step draws from its stage's sampler with the run's order generator, except left-to-right
-    stages, which draw the run's own orders and discard them: the order stream after such a stage is
-    the same whatever its length (and runs made with ``l2r_first_steps`` keep their streams).
-
-    An end may also be a share of the run, ``SPEC@P%`` (``l2r@1%,mallows:4..0.05@30%``): it is
-    ``round(P / 100 * steps)`` for a run of `steps` steps (`TrainConfig.max_steps`), and at least one step
-    after the stage before, so one spec fits a fine-tuning of any length. `resolved` is the spec in steps.
-    """
-
-    def __init__(self, spec: str, final: OrderSampler, steps: int | None = None):
-        self.spec, self.final, self.steps = spec, final, steps
-        self.stages: list[tuple[int, int, OrderSampler | tuple[float, float]]] = []  # (start, end, sampler | ramp)
-        start, parts = 0, []
-        for part in [p.strip() for p in spec.split(",")] if spec.strip() else []:
-            stage, at, until = part.rpartition("@")
-            if not at or not stage:
-                raise AOGPTError(f"curriculum stage {part!r} has no end step",
-                                 f"write SPEC@STEP, e.g. {CURRICULUM_EXAMPLE}")
-            end = _stage_end(part, until.strip(), start, steps)
-            self.stages.append((start, end, _stage_sampler(stage)))
-            parts.append(f"{stage}@{end}")
-            start = end
-        self.resolved = ",".join(parts)
-
-    @property
-    def length(self) -> int:
-        """The step the run's own order begins at (0 without stages)."""
-        return self.stages[-1][1] if self.stages else 0
-
-    def at(self, step: int) -> OrderSampler:
-        """The sampler of optimizer step `step` (0-based)."""
-        for start, end, stage in self.stages:
-            if start <= step < end:
-                if isinstance(stage, OrderSampler):
-                    return stage
-                first, last = stage
-                frac = (step - start) / max(1, end - start - 1)
-                return Mallows(first * (last / first) ** frac)
-        return self.final
-
-    def sample(self, step: int, batch: int, n: int, device: torch.device | str = "cpu",
-               generator: torch.Generator | None = None) -> torch.Tensor:
-        """The orders of step `step` (left-to-right stages draw and discard the run's own; class doc)."""
-        sampler = self.at(step)
-        if sampler.left_to_right and sampler is not self.final:
-            self.final.sample(batch, n, device, generator)
-            return identity(batch, n, device)
-        return sampler.sample(batch, n, device, generator)
-
-    def __repr__(self) -> str:
-        return f"Curriculum({self.spec!r} then {self.final.spec!r})"
-
-
-CURRICULUM_EXAMPLE = "l2r@100,mallows:4..0.05@600"
-_STAGE_END = Range(ge=1, le=10**9, integer=True)
-_STAGE_SHARE = Range(gt=0, le=100)
-
-
-def _stage_end(part: str, until: str, start: int, steps: int | None) -> int:
-    """A stage's end step: a whole number above `start`, or a share of the run (``P%`` of `steps`, at
-    least ``start + 1``)."""
-    if until.endswith("%"):
-        try:
-            share = float(_STAGE_SHARE.parse(until[:-1]))
-        except ValueError:
-            raise AOGPTError(f"curriculum stage {part!r}: a share of the run must lie in (0, 100]%",
-                             "e.g. l2r@1%,mallows:4..0.05@30%") from None
-        if steps is None:
-            raise AOGPTError(f"curriculum stage {part!r} ends at a share of the run, whose length is not known here",
-                             "give its end in steps")
-        return max(start + 1, round(share / 100 * steps))
-    try:
-        end = int(_STAGE_END.parse(until))
-    except ValueError:
-        end = None
-    if end is None or end <= start:
-        raise AOGPTError(f"curriculum stage {part!r}: the end step must be a whole number above {start}",
-                         f"list stages with increasing end steps, e.g. {CURRICULUM_EXAMPLE}")
-    return end
-
-
-def _stage_sampler(text: str) -> OrderSampler | tuple[float, float]:
-    """A curriculum stage: an order spec, or a Mallows ramp ``mallows:A..B`` (returned as (A, B))."""
-    name, _, rest = text.partition(":")
-    if name == "mallows" and ".." in rest:
-        first, _, last = rest.partition("..")
-        try:
-            ends = (float(_DISPERSION.parse(first)), float(_DISPERSION.parse(last)))
-        except ValueError:
-            ends = (0.0, 0.0)
-        if not all(0 < t < math.inf for t in ends):
-            raise AOGPTError(f"curriculum stage {text!r}: a Mallows ramp needs two dispersions above 0",
-                             "e.g. mallows:4..0.05 (from nearly left to right towards uniform)")
-        return ends
-    return make_order_sampler(text)
-
-
-def make_curriculum(spec: str, order: str | OrderSampler, l2r_first_steps: int = 0,
-                    steps: int | None = None) -> Curriculum:
-    """The run's orders over training: `spec` (`Curriculum`), then `order`; stage ends written as shares
-    (``@30%``) are of `steps`, the run's length. `l2r_first_steps` = N is the older way to write the
-    curriculum ``l2r@N``."""
-    final = make_order_sampler(order)
-    if l2r_first_steps and spec.strip():
-        raise AOGPTError("both a curriculum and l2r_first_steps were given", f"write l2r@{l2r_first_steps} as the "
-                         "curriculum's first stage instead")
-    return Curriculum(spec if spec.strip() else (f"l2r@{l2r_first_steps}" if l2r_first_steps else ""), final, steps)
 
 
 def check_permutation(order: torch.Tensor | list[int], n: int, rows: int | None = None,
@@ -446,3 +408,41 @@ def is_left_to_right(order: str | OrderSampler | torch.Tensor | None) -> bool:
         except AOGPTError:  # an adaptive or unknown name: not a left-to-right order
             return False
     return order.left_to_right
+
+
+# ------------------------------------------------------------------ which slots read left to right
+def identity_run(order: torch.Tensor) -> torch.Tensor:
+    """(...,) the length of the leading identity run of `order` (..., n): how many of its first
+    steps read positions 0, 1, 2, ... in that order (n for left to right, usually 0 for a random order)."""
+    steps = torch.arange(order.shape[-1], device=order.device)
+    return (order == steps).long().cumprod(dim=-1).sum(dim=-1)
+
+
+def left_to_right_slots(pos: torch.Tensor, target: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, S) bool: the slots that read left to right (module docstring), from the slot layout of
+    `aogpt.model` (pos: the position of a slot's token + 1, 0 for the start slot; target: the position
+    it predicts). A slot continues left to right when it predicts the position right after its
+    token's (``target == pos``); it reads left to right when it does and every slot before it in its
+    chain did. `context` (B, S) bool says, per slot, whether the chain before it read left to right;
+    None: the slots are one chain from its start slot, in order (a forward over an order's slots)."""
+    here = target == pos
+    if context is None:
+        return here.long().cumprod(dim=-1).bool()
+    return here & context
+
+
+def step_gates(run: torch.Tensor, seq: torch.Tensor, read: torch.Tensor, pos: torch.Tensor,
+               target: torch.Tensor) -> torch.Tensor:
+    """The gates of a decode step's slots (any shape, True: through the pathway): a slot of sequence `seq`
+    has read `read` tokens of its chain (its content is chain slot `read`: a query holds the pending
+    slot's), whose leading identity run is ``run[seq]`` (`identity_run` of the chain, or of its decided
+    part); it reads left to right when those tokens are positions 0..read-1 in order (read <= run) and it
+    continues them (`left_to_right_slots`)."""
+    return ~left_to_right_slots(pos, target, read <= run[seq])
+
+
+def gates(order: torch.Tensor) -> torch.Tensor:
+    """(B, n) bool: True for the slots of `order` that do not read left to right (they go through a
+    gated pathway), False for its leading identity run."""
+    steps = torch.arange(order.shape[-1], device=order.device)
+    return steps >= identity_run(order)[..., None]

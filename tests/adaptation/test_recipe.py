@@ -8,8 +8,8 @@ import torch
 
 from aogpt.adaptation import RECIPE, adapt
 from aogpt.config import ADAPT_RECIPE, train_config
+from aogpt.curriculum import make_curriculum
 from aogpt.memory import training_bytes
-from aogpt.orders import make_curriculum
 from aogpt.train import RandomTokens, Trainer
 from aogpt.train.planning import dry_run_report, plan
 from aogpt.train.recipe import left_to_right_rows

@@ -80,3 +80,49 @@ def test_the_plan_line_names_the_start_slot_and_a_source_without_a_tokenizer_is_
         assert res.code == 2 and res.err.startswith(f"error: {src} has no tokenizer files"), res.err
         assert len(res.err.strip().splitlines()) == 1 and "Traceback" not in res.err
         assert not (tmp_path / f"out-{arch}").exists()
+
+
+def test_a_gated_pathway_fine_tunes_and_stays_its_source_left_to_right(cli, tmp_path, make_corpus):
+    """`--pathway gated`: the checkpoint carries its recipe (adapt-gated) and pathway; `train --init-from`
+    trains the pathway alone; read left to right the tuned model gives the source's logits bit for bit;
+    it samples (random order, left to right, infilling) and exports."""
+    src = make_hf(tmp_path, "gpt2")
+    adapted = tmp_path / "gated"
+    res = cli("adapt", "--from", src, "--out", adapted, "--pathway", "gated", "--rank", "4", "--json")
+    assert res.code == 0, res.err
+    assert res.json["pathway"] == "gated" and res.json["rank"] == 4 and res.json["recipe"] == "adapt-gated"
+    assert 0 < res.json["trained_parameters"] < res.json["parameters"] and "frozen" in res.out
+    data = tmp_path / "data"
+    assert cli("prepare", "--corpus", make_corpus(tmp_path / "corpus", docs=6, words=200), "--tokenizer", adapted,
+               "--out", data, "--no-progress").code == 0
+    run = tmp_path / "run"
+    res = cli("train", "--init-from", adapted, "--data", data, "--out", run, "--max-steps", "3", "--batch-size", "2",
+              "--set", "train.eval_interval=3", "--set", "train.compile=off", "--no-progress")
+    assert res.code == 0, res.err
+    assert "recipe: adapt-gated" in res.out
+    before = weights_of(read_weights(adapted), "raw")
+    after = weights_of(read_weights(list_checkpoints(run)[-1]), "raw")
+    from aogpt.pathway import is_pathway
+
+    assert all(torch.equal(before[n], after[n]) for n in before if not is_pathway(n))  # the source: frozen
+    assert any(not torch.equal(before[n], after[n]) for n in before if is_pathway(n))  # the pathway learned
+    start, tuned = aogpt.load(adapted, weights="raw").model, aogpt.load(run).model
+    ids = torch.tensor([aogpt.load(run).tokenizer.encode("the king and the queen at sea")])
+    with torch.no_grad():
+        assert torch.equal(tuned(ids)[0], start(ids)[0])
+    for extra in (["--order", "random"], ["--order", "l2r"], ["--infill", "king [MASK:4] sea"]):
+        res = cli("sample", "--checkpoint", run, "--length", "16", "--seed", "1", "--no-progress", *extra)
+        assert res.code == 0, (extra, res.err)
+    assert cli("export", run, "--format", "hf", "--out", tmp_path / "hf").code == 0
+    assert aogpt.load(tmp_path / "hf").config.pathway == "gated"
+
+
+def test_pathway_flags_are_checked(cli, capsys, tmp_path):
+    src = make_hf(tmp_path, "gpt2")
+    capsys.readouterr()  # transformers' saving bars
+    res = cli("adapt", "--from", src, "--out", tmp_path / "a", "--rank", "4")
+    assert res.code == 2 and res.err.startswith("error: --rank is the rank of a gated pathway's deltas"), res.err
+    res = cli("adapt", "--from", src, "--out", tmp_path / "b", "--pathway", "gated", "--rank", "0")
+    assert res.code == 2 and "at least 1" in res.err
+    res = cli("adapt", "--from", src, "--out", tmp_path / "c", "--pathway", "gated", "--rank", "full", "--json")
+    assert res.code == 0 and res.json["rank"] == 0

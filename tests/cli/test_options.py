@@ -58,6 +58,7 @@ BASES = {  # an invocation that is valid on its own; the random options are adde
     "bench gpu": ["bench", "gpu", "--quick", "--out", "{t}/b", "--no-progress"],
     "bench gap-length": ["bench", "gap-length", "--checkpoint", "{run}", "--data", "{data}", "--quick",
                          "--out", "{t}/b", "--no-progress"],
+    "bench gated": ["bench", "gated", "--quick", "--out", "{t}/b", "--no-progress"],
 }
 
 
@@ -93,6 +94,7 @@ STAND_INS = [  # where each command's work begins, after every check
     "aogpt.bench.gpu.run.Run",  # bench gpu
     "aogpt.reproduce.compare.overlay",  # compare: its plot, once the runs are read and --out checked
     "aogpt.bench.generation.gap_length.bench_gap_length",
+    "aogpt.bench.generation.gated.bench_gated",
 ]
 
 

@@ -66,3 +66,27 @@ def test_tied_head_is_stored_once(tmp_path: Path) -> None:
     assert "model.transformer.wte.weight" in names and "model.lm_head.weight" not in names
     back = aogpt.load(tmp_path / "hf").model
     assert same_weights(back, gpt) and back.lm_head.weight is back.transformer.wte.weight
+
+
+@torch.no_grad()
+def test_a_gated_pathway_travels_to_transformers_and_back(tmp_path: Path) -> None:
+    """The gate is the model's: AutoModelForCausalLM reads left to right through the source's weights and
+    in any order through the pathway, as ours does, and the config carries the pathway and its rank."""
+    torch.manual_seed(0)
+    model = Transformer(model_config("aogpt", preset="tiny", vocab_size=257, pathway="gated", pathway_rank=4))
+    for p in model.parameters():
+        p.normal_(0.0, 0.3)
+    aogpt.save(model, tmp_path / "gated", tokenizer=ByteTokenizer())
+    export_hf(tmp_path / "gated", tmp_path / "hf")
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert hf.config.pathway == "gated" and hf.config.pathway_rank == 4
+    ids = torch.tensor([list(TEXT.encode())[:20]])
+    order = torch.randperm(20, generator=torch.Generator().manual_seed(1))
+    for o in (None, order):
+        ours, _ = model(ids, None if o is None else o[None], with_last_slot=True)
+        theirs = hf(ids, order=o).logits  # slot by slot after the start slot; the last one predicts position n
+        torch.testing.assert_close(theirs[:, :-1], ours[:, 1:-1], atol=1e-6, rtol=1e-6)
+    back = aogpt.load(tmp_path / "hf")
+    assert back.config == model.config and same_weights(back.model, model)
+    trained = {n for n, p in back.model.named_parameters() if p.requires_grad}
+    assert trained and all(("delta" in n or "adaLN" in n or "wtpe" in n) for n in trained)

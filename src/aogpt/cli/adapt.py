@@ -31,27 +31,54 @@ def add_parser(subparsers: Any) -> None:
                    help="width of AO-GPT's target-position table (default 128)")
     p.add_argument("--block-size", type=config_arg(ModelConfig, "block_size"), default=None,
                    help="a shorter context than the source's (default: the source's, less the start slot)")
+    p.add_argument("--pathway", choices=("shared", "gated"), default="shared",
+                   help="shared (default): every slot through the same weights, all of them fine-tuned; gated: the "
+                   "source's weights frozen and alone on the slots that read left to right, so read left to right "
+                   "the model stays the source exactly, and a new pathway (linear deltas, adaLN, the target table) "
+                   "trained for every other slot (docs/adapt.md)")
+    p.add_argument("--rank", type=_rank, default=0, metavar="R|full",
+                   help="with --pathway gated: the rank of each linear layer's delta, or full (default full)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint at --out")
     add_common(p)
     p.set_defaults(func=run)
 
 
+def _rank(text: str) -> int:
+    """A delta rank: a whole number >= 1, or ``full`` (0)."""
+    if text.strip().lower() == "full":
+        return 0
+    return config_arg(ModelConfig, "pathway_rank")(text) or _refuse_zero()
+
+
+def _refuse_zero() -> int:
+    raise argparse.ArgumentTypeError("a rank must be at least 1 (or full)")
+
+
 def run(args: argparse.Namespace) -> int:
     from aogpt.adaptation import adapt
+    from aogpt.errors import AOGPTError
 
+    if args.rank and args.pathway != "gated":
+        raise AOGPTError("--rank is the rank of a gated pathway's deltas", "add --pathway gated, or drop --rank")
     loaded = adapt(args.source, args.variant, args.out, target_dim=args.target_dim,
                    block_size=args.block_size, seed=args.seed,
-                   overwrite=args.overwrite)
+                   overwrite=args.overwrite, pathway=args.pathway, rank=args.rank)
     cfg = loaded.config
     params = loaded.model.num_params()
+    trained = sum(p.numel() for p in loaded.model.parameters() if p.requires_grad)
     print(f"adapted {loaded.meta['adapted_from']['kind']} {args.source} -> {args.variant} at {args.out}: "
           f"{cfg.n_layer} layers, width {cfg.n_embd}, {params:,} parameters, tokenizer {loaded.tokenizer.spec}; "
           f"start slot: {loaded.meta['adapted_from']['start']}")
+    if cfg.pathway == "gated":
+        print(f"gated pathway: delta rank {cfg.pathway_rank or 'full'}, {trained:,} parameters trained, the source's "
+              f"{params - trained:,} frozen: read left to right the model is the source, whatever fine-tuning does")
     print(f"fine-tuning recipe: {loaded.meta['recipe']} (carried by the checkpoint: train --init-from uses it "
           "unless --preset picks another)")
     print(f"next: aogpt train --init-from {args.out} --data DIR --out RUN --max-minutes M")
     if args.json:
         emit_json({"command": "adapt", "out": str(args.out), "variant": args.variant, "parameters": params,
                    "source": str(args.source), "kind": loaded.meta["adapted_from"]["kind"],
-                    "start_slot": loaded.meta["adapted_from"]["start"], "recipe": loaded.meta["recipe"]})
+                    "start_slot": loaded.meta["adapted_from"]["start"], "recipe": loaded.meta["recipe"],
+                    "pathway": cfg.pathway, "rank": cfg.pathway_rank if cfg.pathway == "gated" else None,
+                    "trained_parameters": trained})
     return 0

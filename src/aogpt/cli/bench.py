@@ -24,8 +24,8 @@ HELP = ("speed benchmarks: generation time vs steps (paper Fig. 5), exact-likeli
         "for a fixed compute)")
 ROOMS = (bench_generation, bench_training, bench_serve, bench_gpu)
 # the order `aogpt bench --help` lists them in; a benchmark not named here comes after, in its room's order
-ORDER = ("generate", "density", "speculative", "train", "eval", "prepare", "adaptive", "recipe", "adapt", "attention",
-         "serve", "gpu")
+ORDER = ("generate", "density", "speculative", "gated", "train", "eval", "prepare", "adaptive", "recipe", "adapt",
+         "attention", "serve", "gpu")
 
 
 def add_parser(subparsers: Any) -> None:

@@ -316,6 +316,63 @@ def run_attention(args: argparse.Namespace) -> int:
     return report(args, "bench attention", result, attention_markdown(result))
 
 
+def add_gated(sub: Any) -> None:
+    """`aogpt bench gated`."""
+    gt = sub.add_parser("gated", help="generation with a gated pathway against its source and an AO-GPT",
+                        description="A GPT, the same GPT adapted to AO-GPT with a gated pathway (aogpt adapt "
+                        "--pathway gated) and with a shared one: the gated model's step left to right against the "
+                        "GPT's, and in a random order against the shared AO-GPT's, one token per step, side by side in "
+                        "this process (random weights of the quickstart model's shape); writes DIR/gated.md and "
+                        ".json. " + EPILOG)
+    gt.add_argument("--n", type=int_arg(ge=2, le=4096), default=128, help="sequence length (default 128)")
+    gt.add_argument("--batch", type=BATCH, default=8, help="sequences per batch (default 8)")
+    gt.add_argument("--rank", type=_rank, default=0, metavar="R|full",
+                    help="the gated pathway's delta rank (default full)")
+    gt.add_argument("--width", type=int_arg(ge=16, le=8192), default=192, help="model width (default 192)")
+    gt.add_argument("--repeats", type=REPEATS, default=5, help="interleaved rounds, medians reported (default 5)")
+    gt.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="weights' precision (default fp32)")
+    run_flags(gt, checkpoints=False, device=False)
+    gt.add_argument("--threads", type=int_arg(ge=1, le=4096), default=1, metavar="N",
+                    help="CPU threads for torch (default 1)")
+    gt.set_defaults(func=run_gated)
+
+
+def _rank(text: str) -> int:
+    from aogpt.cli.adapt import _rank as rank
+
+    return rank(text)
+
+
+def run_gated(args: argparse.Namespace) -> int:
+    from aogpt.bench.common import write_outputs
+    from aogpt.bench.generation.gated import CONTENDERS, bench_gated, to_markdown
+
+    setup(args)
+    n, batch, repeats, width = (16, 2, 1, 32) if args.quick else (args.n, args.batch, args.repeats, args.width)
+    if args.dtype == "bf16":
+        import torch
+
+        from aogpt.capability import can_pack
+
+        if not can_pack(torch.bfloat16):
+            raise AOGPTError("this CPU has no bf16 matrix units", "time --dtype fp32")
+    bar, update = progress_bar(repeats * len(CONTENDERS), args, "bench gated")
+    done = [0]
+
+    def tick(key: str) -> None:
+        done[0] += 1
+        update(done[0], key)
+
+    try:
+        result = bench_gated(n=n, batch=batch, repeats=repeats, rank=args.rank, width=width, seed=args.seed,
+                             dtype=args.dtype, progress=tick)
+    finally:
+        bar.close()
+    result["files"] = write_outputs(args.out, "gated", to_markdown(result), result)
+    return report(args, "bench gated", result, to_markdown(result))
+
+
+
 def add_gap_length(sub: Any) -> None:
     """`aogpt bench gap-length`."""
     g = sub.add_parser("gap-length", help="the gap length an any-order model chooses, against the true one and a "
@@ -367,5 +424,6 @@ def run_gap_length(args: argparse.Namespace) -> int:
 GAP_DEFAULTS = {"spans": 64, "seeds": 3}
 
 BENCHMARKS = {"generate": add_generate, "density": add_density, "speculative": add_speculative,
-              "adaptive": add_adaptive, "attention": add_attention, "gap-length": add_gap_length}
+              "adaptive": add_adaptive, "attention": add_attention, "gated": add_gated,
+              "gap-length": add_gap_length}
 """Each benchmark of this room and what registers it under `aogpt bench` (cli/bench.py calls them)."""

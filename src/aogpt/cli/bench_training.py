@@ -179,7 +179,9 @@ def add_adapt(sub: Any) -> None:
     t.add_argument("--work", type=path_arg, default=Path("runs/bench-adapt"), metavar="DIR",
                    help="where the trained paths are kept and reused (default runs/bench-adapt; one per width)")
     t.add_argument("--threads", type=int_arg(ge=1, le=4096), default=1, metavar="N",
-                   help="CPU threads for torch (default 1)")
+                   help="CPU threads for torch (default 1; per process with --jobs)")
+    t.add_argument("--jobs", type=int_arg(ge=1, le=256), default=1, metavar="N",
+                   help="paths trained at a time, each in its own process (default 1)")
     run_flags(t, checkpoints=False, device=False)
     t.set_defaults(func=run_adapt)
 
@@ -351,7 +353,7 @@ def run_adapt(args: argparse.Namespace) -> int:
     result = bd.run(args.data_root, work, steps=steps, finetune=tuple(finetune),
                     candidates=tuple(args.candidates or (bd.MEASURED,)), seeds=seeds, seed=args.seed, only=only,
                     eval_bytes=eval_bytes, curve_every=curve, width=width, save_every=args.save_every, out=args.out,
-                    progress=say)
+                    progress=say, jobs=args.jobs)
     return report(args, "bench adapt", result, to_markdown(result))
 
 

@@ -134,8 +134,8 @@ def _dry_run(plan: Any, args: argparse.Namespace) -> int:
 
 def _print_plan(plan: Any) -> None:
     """Before the first step: what will be trained, how long, where; the orders and the rate's schedule."""
+    from aogpt.curriculum import make_curriculum
     from aogpt.device import resolve_device
-    from aogpt.orders import make_curriculum
     from aogpt.train import LRSchedule, accumulation_steps, training_precision
     from aogpt.train.recipe import describe as describe_recipe
 
@@ -162,6 +162,10 @@ def _print_plan(plan: Any) -> None:
               flush=True)
     if plan.recipe_why:
         print(plan.recipe_why, flush=True)
+    if mc.pathway == "gated":
+        print(f"gated pathway (delta rank {mc.pathway_rank or 'full'}): the source's weights frozen and alone on the "
+              "slots that read left to right, which stay the source's exactly; the pathway trains on the others",
+              flush=True)
     if describe_recipe(tc):
         print(describe_recipe(tc), flush=True)
     device = resolve_device(tc.device)

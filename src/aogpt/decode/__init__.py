@@ -17,6 +17,8 @@ written once, in `aogpt.model` (every caller, training included, goes through
   of the sequences taking part, or padded; and the static shapes of a captured step);
 - `aogpt.decode.runner`: `prepare`, the model with the measured kernels swapped in (a structural copy
   sharing every parameter);
+- `aogpt.decode.gated`: a gated model's delta layers (`aogpt.pathway`) as two kernels, the source's
+  weight for the rows that read left to right and the merged W + dW for the others;
 - `aogpt.decode.graphs`: on a GPU, the steps captured as CUDA graphs, one per static shape.
 
 `aogpt.inference.for_inference(model)` builds the fast path (``path="reference"``: the model itself,

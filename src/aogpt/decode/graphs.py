@@ -44,11 +44,14 @@ log = logging.getLogger(__name__)
 MODES = ("auto", "off", "eager")  # the `graphs` setting: captured on a GPU; never; static shapes, run eagerly
 
 
-def mode(setting: str, device: torch.device, use_cache: bool, reference: bool) -> str | None:
+def mode(setting: str, device: torch.device, use_cache: bool, reference: bool, gated: bool = False) -> str | None:
     """How a decoder's steps run: ``capture`` (CUDA graphs), ``eager`` (the static shapes without
-    capture) or None (the plain loop: the CPU's default, a run without a KV cache, or one on the
-    reference decode path, which a compiled step takes)."""
-    if setting == "off" or not use_cache or reference:
+    capture) or None (the plain loop: the CPU's default, a run without a KV cache, one on the
+    reference decode path, which a compiled step takes, or a model with a gated pathway: its step
+    splits the rows by gate, `aogpt.pathway.RowSplit`, into groups whose sizes depend on the step's
+    orders, a shape a graph cannot hold and a count read back to the host, so it runs the plain loop
+    in its planned layouts)."""
+    if setting == "off" or not use_cache or reference or gated:
         return None
     if setting == "eager":
         return "eager"

@@ -7,9 +7,13 @@ it (nothing is copied, the user's model is not modified) in which
   MLP's two products, the output head) is the `aogpt.decode.kernels.LinearKernel` that
   `aogpt.decode.choice` measured fastest for its shape among the row-invariant ones, with the MLP's
   GELU and the residual adds fused into the product where that kernel can
-  (`aogpt.backbone.FusedLinear`);
+  (`aogpt.backbone.FusedLinear`); a gated model's delta layer holds two, the source's weight and
+  the merged W + dW (`aogpt.decode.gated`);
 - `kernels` (`aogpt.model.Kernels`) carry the measured few-query attention kernel, the dtype the KV
-  cache keeps and the layout of a ragged step, which `Transformer.setup_cache` and the samplers read.
+  cache keeps and the layout of a ragged step, which `Transformer.setup_cache` and the samplers read;
+- AO-GPT's adaLN tables (`Transformer.conditions`) are computed once, from the weights the copy is
+  built from, not at every `setup_cache` (milliseconds per `generate` call, and all of it overhead
+  for a gated model reading left to right, whose source slots never read them).
 
 Everything else is the model's: its `forward_slots` is the one forward every caller goes through
 (training, evaluation, the recompute baseline and every KV-cache step), so every oracle that holds
@@ -29,6 +33,7 @@ from torch import nn
 
 from aogpt.backbone import linear_gelu, project
 from aogpt.decode.choice import DECODE_PATH, Choice, Shapes, choose
+from aogpt.decode.gated import PATHWAY, GatedKernel, kernel_of
 from aogpt.decode.kernels import INVARIANCE_ROWS, LinearKernel
 from aogpt.decode.kernels import row_invariant as kernel_row_invariant
 
@@ -55,14 +60,25 @@ def supports(model: nn.Module) -> bool:
 
 
 def role_of(name: str) -> str | None:
-    """The decode-path role (`aogpt.decode.choice.ROLES`) of the module named `name`, if any."""
+    """The decode-path role (`aogpt.decode.choice.ROLES`) of the module named `name`, if any (a gated
+    layer's merged kernel, named with the `aogpt.decode.gated.PATHWAY` suffix, has its layer's)."""
+    name = name.removesuffix(PATHWAY)
     return next((role for suffix, role in DECODE_PATH.items() if name == suffix or name.endswith("." + suffix)),
                 None)
 
 
 def decode_linears(model: nn.Module) -> dict[str, nn.Module]:
-    """Every linear layer of a decode step by its module name (an `nn.Linear` or a `LinearKernel`)."""
-    return {name: m for name, m in model.named_modules() if role_of(name) and isinstance(m, (nn.Linear, LinearKernel))}
+    """Every linear layer of a decode step by its module name (an `nn.Linear` or a `LinearKernel`; a
+    gated layer's two kernels by its name and that name with the `aogpt.decode.gated.PATHWAY` suffix)."""
+    out: dict[str, nn.Module] = {}
+    for name, m in model.named_modules():
+        if not role_of(name):
+            continue
+        if isinstance(m, GatedKernel):
+            out.update({name + suffix: k for suffix, k in m.kernels().items()})
+        elif isinstance(m, (nn.Linear, LinearKernel)):
+            out[name] = m
+    return out
 
 
 def prepare(model: nn.Module, choice: Choice) -> nn.Module:
@@ -73,10 +89,12 @@ def prepare(model: nn.Module, choice: Choice) -> nn.Module:
         for child_name, child in list(module.named_children()):
             role = role_of(f"{name}.{child_name}" if name else child_name)
             if role is not None and isinstance(child, nn.Linear):
-                setattr(module, child_name, LinearKernel.of(child, choice.linear[role]))
+                setattr(module, child_name, kernel_of(child, choice.linear[role]))
     clone.kernels = dataclasses.replace(model.kernels, cache_attention=choice.attention, cache_store=choice.store,
                                         ragged=choice.layout)
     clone.decode_choice = choice
+    tables = model.conditions()  # computed once from these weights, as the server does: every cache set up reads them
+    clone.conditions = lambda: tables
     return clone.eval()
 
 
@@ -91,7 +109,8 @@ def build(model: nn.Module) -> nn.Module:
 
 def row_invariant(model: nn.Module) -> bool:
     """Whether every linear layer of a decode step, called as the step calls it (the GELU and the
-    residual adds fused or not), gives a row the same bits whatever the number of rows
+    residual adds fused or not; an output projection also without the add, as AO-GPT's gated
+    residuals call it), gives a row the same bits whatever the number of rows
     (`aogpt.decode.kernels.row_invariant`): the premise of the server's batch invariance."""
     p = next(model.parameters())
     identity = nn.Dropout(0.0).eval()
@@ -103,6 +122,8 @@ def row_invariant(model: nn.Module) -> bool:
             call: Any = lambda x, layer=layer, a=approximate: linear_gelu(layer, x, a)  # noqa: E731
         elif role in ("proj", "out"):
             zeros = torch.zeros(max(INVARIANCE_ROWS), out, dtype=p.dtype, device=p.device)
+            if not kernel_row_invariant(layer, inp, p.dtype, p.device):
+                return False
             call = lambda x, layer=layer, z=zeros: project(layer, x, z[:x.shape[0]], identity)  # noqa: E731
         else:
             call = layer
@@ -112,9 +133,12 @@ def row_invariant(model: nn.Module) -> bool:
 
 
 def weight_bytes(model: nn.Module) -> int:
-    """Bytes of weights a step reads: every decode-path linear layer's (the embedding rows are negligible)."""
+    """Bytes of weights a step reads: every decode-path linear layer's (the embedding rows are negligible;
+    a gated model's step of one kind reads one of each layer's two kernels, counted once)."""
     total = 0
-    for layer in decode_linears(model).values():
+    for name, layer in decode_linears(model).items():
+        if name.endswith(PATHWAY):
+            continue
         if isinstance(layer, LinearKernel):
             total += layer.nbytes
         else:

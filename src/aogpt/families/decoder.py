@@ -17,6 +17,8 @@ import torch
 from aogpt.errors import AOGPTError
 from aogpt.families.base import ModelFamily
 from aogpt.kv_cache import step_mask
+from aogpt.orders import identity_run, step_gates
+from aogpt.pathway import is_gated
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,13 @@ class DecoderFamily(ModelFamily):
         target = torch.cat([slot_target[:, :m], targets], dim=1)
         cols = torch.arange(m + R, device=idx.device)
         mask = step_mask(cols, m, m + R)[None, None]
-        return model.forward_slots(tokens, pos, target, attn_mask=mask, select=(m + cols[:R]).expand(B, R))
+        gate = None
+        if is_gated(model):  # the context's slots, then every query as one more slot after all of them
+            run = identity_run(context)
+            read = torch.cat([cols[:m], cols.new_full((R,), m)]).expand(B, m + R)
+            gate = step_gates(run, torch.arange(B, device=idx.device)[:, None].expand(B, m + R), read, pos, target)
+        return model.forward_slots(tokens, pos, target, attn_mask=mask, select=(m + cols[:R]).expand(B, R),
+                                   gate=gate)
 
     def validation_losses(self, model, idx, order):
         l2r = model(idx)[1].sum()

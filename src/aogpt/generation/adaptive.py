@@ -48,7 +48,8 @@ from aogpt.decode.layouts import ragged_layout, sequence_major, step_rows
 from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
 from aogpt.generation.streams import SequenceStreams
-from aogpt.orders import ADAPTIVE
+from aogpt.orders import ADAPTIVE, identity_run, step_gates
+from aogpt.pathway import is_gated
 from aogpt.sampling import SamplingConfig, sample_tokens
 
 
@@ -305,9 +306,13 @@ class AdaptiveDecoderSampler(AdaptiveSampler):
         order = sequence_major(b, col)
         rows = np.flatnonzero(query) if order is None else order[query[order]]  # candidates in `cands` order
         tokens = self.ychain.view(-1)[self._t(b * (n + 2) + content)][None]
-        logits = self.model.forward_slots(tokens, self._t(slot_pos[b, content])[None], self._t(target)[None],
-                                          attn_mask=mask, cache=self.cache, cache_pos=where,
-                                          select=self._t(rows)[None])
+        pos_t, target_t = self._t(slot_pos[b, content])[None], self._t(target)[None]
+        extra = {}
+        if is_gated(self.model):  # the decided part of each chain reads left to right up to its identity run
+            run = identity_run(self._t(st.order))
+            extra["gate"] = step_gates(run, self._t(b)[None], self._t(content)[None], pos_t, target_t)
+        logits = self.model.forward_slots(tokens, pos_t, target_t, attn_mask=mask, cache=self.cache, cache_pos=where,
+                                          select=self._t(rows)[None], **extra)
         st.forwards += 1
         st.slots += R
         st.padded += B * W - R if self.layout == "padded" else 0

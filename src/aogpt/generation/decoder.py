@@ -52,6 +52,8 @@ from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
 from aogpt.generation.streams import SequenceStreams
 from aogpt.kv_cache import PackedSlots, RaggedSlots, additive, step_mask
+from aogpt.orders import identity_run, step_gates
+from aogpt.pathway import is_gated
 from aogpt.sampling import SamplingConfig, sample_tokens
 
 
@@ -82,6 +84,7 @@ class Step:
     padded: int
     pick: torch.Tensor | None = None  # which of the selected rows are real (padded layout only)
     draws: np.ndarray | None = None  # the sequence of each revealed token, in the order they are drawn
+    gate: torch.Tensor | None = None  # a gated model's slots through its pathway (`aogpt.orders.step_gates`)
 
 
 def _runs(sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -102,8 +105,12 @@ class _Planner:
     """Turns per-step counts into `Step`s, tracking each sequence's decided (g) and cached (L) slots."""
 
     def __init__(self, B: int, n: int, m: int, use_cache: bool, pos: torch.Tensor, tgt: torch.Tensor,
-                 dtype: torch.dtype, static: bool = False, layout: str = "buckets", shapes: Static | None = None):
+                 dtype: torch.dtype, static: bool = False, layout: str = "buckets", shapes: Static | None = None,
+                 run: torch.Tensor | None = None):
         self.B, self.n, self.use_cache, self.pos, self.tgt, self.dtype = B, n, use_cache, pos, tgt, dtype
+        self.run = run  # a gated model's: the identity run of every chain (`aogpt.orders.identity_run`)
+        if run is not None and shapes is not None:
+            raise ValueError("a gated model's steps are not planned in static shapes (aogpt.decode.graphs.mode)")
         self.layout = "padded" if shapes is not None else layout
         self.static = static and use_cache
         self.static_shapes = shapes if use_cache else None
@@ -114,6 +121,13 @@ class _Planner:
 
     def _t(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.dev)
+
+    def _gate(self, seq: np.ndarray, read: np.ndarray, pos: torch.Tensor, target: torch.Tensor) -> torch.Tensor | None:
+        """The rows' gates for a gated model (None for any other): rows (numpy, the shape of `pos`) of
+        sequences `seq` whose content is chain slot `read`."""
+        if self.run is None:
+            return None
+        return step_gates(self.run, self._t(seq), self._t(read), pos, target.expand(pos.shape))
 
     def plan(self, counts: np.ndarray) -> list[Step]:
         """The `Step` of every step of `counts` (B, T) that reveals something. The index arithmetic of
@@ -187,6 +201,7 @@ class _Planner:
         dest, chain_at = self._t(qb * (n + 2) + qcol + 1), self._t(qb * n + qcol)
         Q = np.bincount(qstep, minlength=T)
         qfirst = np.cumsum(Q) - Q
+        gate = self._gate(b, content, self._t(pos_r), self._t(tgt_r))  # every step's rows at once
         out = []
         for t in range(T):
             r0, r1, q0, q1 = int(first_row[t]), int(first_row[t] + R[t]), int(qfirst[t]), int(qfirst[t] + Q[t])
@@ -199,7 +214,8 @@ class _Planner:
             where = layouts[t][2]
             padded = len(rows[0]) - int(R[t])  # padding rows through the model: static shapes' only
             out.append(Step(gather_t, pos_t, tgt_t, where, None, select_t, dest[q0:q1], chain_at[q0:q1],
-                            int(Q[t]), int(R[t]), padded, draws=qb[q0:q1]))
+                            int(Q[t]), int(R[t]), padded, draws=qb[q0:q1],
+                            gate=None if gate is None else gate[r0:r1][None]))
         return out
 
     def _uniforms(self, k: np.ndarray, L: np.ndarray, g: np.ndarray) -> list[Step]:
@@ -216,7 +232,10 @@ class _Planner:
         b = np.arange(B)[:, None]
         content_t, cols_t = self._t(content), self._t(cols)
         gather = self._t(b * (n + 2) + content).split(S.tolist(), dim=1)
-        pos, target = self.pos[:, content_t].split(S.tolist(), dim=1), self.tgt[:, cols_t].split(S.tolist(), dim=1)
+        pos_all, tgt_all = self.pos[:, content_t], self.tgt[:, cols_t]
+        pos, target = pos_all.split(S.tolist(), dim=1), tgt_all.split(S.tolist(), dim=1)
+        gate = self._gate(np.broadcast_to(b, pos_all.shape), content, pos_all, tgt_all)
+        gates = [None] * U if gate is None else gate.split(S.tolist(), dim=1)
         qstep, qw = _runs(B * k)  # every step's B * k queries, sequence-major: chain positions g .. g + k - 1
         qb = qw // k[qstep]
         query = g[qstep] + qw % k[qstep]
@@ -238,7 +257,7 @@ class _Planner:
             mask = masks[u].view(1, 1, Su, int(width[u])) if width[u] else None
             select = None if c == 0 else arange[c:c + ku].expand(B, ku)
             out.append(Step(gather[u], pos[u], target[u], where, mask, select, dest[u], chain_at[u], B * ku, B * Su,
-                            0, draws=draws[u]))
+                            0, draws=draws[u], gate=gates[u]))
         return out
 
     def _padded(self, k: np.ndarray) -> Step:
@@ -256,22 +275,25 @@ class _Planner:
         select = np.where(real, g[:, None] + j, 0)
         qb, qj = np.nonzero(real)
         qcol = g[qb] + qj
-        return Step(self._t(b * (n + 2) + content), self.pos.gather(1, self._t(content)),
-                    self.tgt.gather(1, cols_t), 0, mask, self._t(select), self._t(qb * (n + 2) + qcol + 1),
-                    self._t(qb * n + qcol), len(qb), int(sizes.sum()), B * W - int(sizes.sum()),
-                    self._t(qb * Q + qj), draws=qb)
+        pos, tgt = self.pos.gather(1, self._t(content)), self.tgt.gather(1, cols_t)
+        return Step(self._t(b * (n + 2) + content), pos, tgt, 0, mask, self._t(select),
+                    self._t(qb * (n + 2) + qcol + 1), self._t(qb * n + qcol), len(qb), int(sizes.sum()),
+                    B * W - int(sizes.sum()), self._t(qb * Q + qj), draws=qb,
+                    gate=self._gate(np.broadcast_to(b, (B, W)), content, pos, tgt))
 
 
 def plan_steps(counts: np.ndarray, m: int, use_cache: bool, pos: torch.Tensor, tgt: torch.Tensor,
                dtype: torch.dtype = torch.float32, static: bool = False, layout: str = "buckets",
-               shapes: Static | None = None) -> list[Step]:
+               shapes: Static | None = None, run: torch.Tensor | None = None) -> list[Step]:
     """Every forward of a batch decoded with `counts` (B, T) revealed per step, `m` known tokens first
     (attention masks in `dtype`). Steps that reveal nothing run no forward (pending catch-ups wait).
     `static`: uniform steps get shapes that do not grow with the cache (for a compiled step).
     `layout`: how a ragged step's attention runs (`aogpt.decode.layouts.LAYOUTS`). `shapes`: every
-    step padded, in static shapes (for a step captured per shape, `aogpt.decode.graphs`)."""
+    step padded, in static shapes (for a step captured per shape, `aogpt.decode.graphs`). `run`: for a
+    gated model (`aogpt.pathway`), the identity run of every chain order: each step then carries its
+    slots' gates."""
     B, n = pos.shape[0], pos.shape[1] - 1
-    return _Planner(B, n, m, use_cache, pos, tgt, dtype, static, layout, shapes).plan(counts)
+    return _Planner(B, n, m, use_cache, pos, tgt, dtype, static, layout, shapes, run).plan(counts)
 
 
 def compiled(fn: Callable, how: bool | str, device: torch.device, dynamic: bool = True) -> Callable:
@@ -307,7 +329,8 @@ class DecoderSampler:
         tgt = torch.cat([chain, torch.full_like(chain[:, :1], model.config.block_size)], dim=1)
         use_cache = settings.use_cache
         static = bool(settings.compile) and use_cache
-        graphs = graph_mode(settings.graphs, dev, use_cache, settings.path() != "fast") \
+        gated = is_gated(model)
+        graphs = graph_mode(settings.graphs, dev, use_cache, settings.path() != "fast", gated) \
             if isinstance(model, torch.nn.Module) else None  # a stand-in (the server's) batches steps: never captured
         self.state = static_state(model, B, n, settings.attention, graphs == "capture") if graphs else None
         if self.state is not None:  # captured steps: static cache (a sink sequence B for padding rows) and contents
@@ -322,7 +345,8 @@ class DecoderSampler:
         self.ychain[:, 1:m + 1] = known
         self.mask_dtype = mask_dtype = self.cache.k.dtype if use_cache else next(model.parameters()).dtype
         shapes = Static(B, n + 1) if graphs else None
-        self.steps = plan_steps(plan, m, use_cache, pos, tgt, mask_dtype, static, ragged_layout(model), shapes)
+        run = identity_run(chain) if gated else None
+        self.steps = plan_steps(plan, m, use_cache, pos, tgt, mask_dtype, static, ragged_layout(model), shapes, run)
         # compiled: the uniform steps, whose shapes are fixed (`static`: full-cache masks, columns as
         # tensors); ragged Lemma 4.1 steps change shape every step and run eagerly
         self.forward = compiled(model.forward_slots, settings.compile, dev, dynamic=not static)
@@ -358,7 +382,8 @@ class DecoderSampler:
         if mask is None and isinstance(step.cache_pos, PackedSlots):  # the padded layout's, built per step
             mask = step.cache_pos.mask(self.mask_dtype)
         return forward(flat[step.gather], step.pos, step.target, attn_mask=mask, cache=self.cache,
-                       cache_pos=step.cache_pos, select=step.select, conditions=self.conditions)
+                       cache_pos=step.cache_pos, select=step.select, conditions=self.conditions,
+                       **({} if step.gate is None else {"gate": step.gate}))
 
     def run(self, cfg: SamplingConfig, streams: SequenceStreams,
             progress: Callable[[int], None] | None) -> torch.Tensor:

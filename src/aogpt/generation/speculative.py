@@ -42,6 +42,8 @@ from aogpt.generation.decoder import compiled
 from aogpt.generation.reveal import scatter_by_position
 from aogpt.generation.settings import GenerationSettings
 from aogpt.generation.streams import SequenceStreams
+from aogpt.orders import identity_run, step_gates
+from aogpt.pathway import is_gated
 from aogpt.sampling import SamplingConfig, categorical, probabilities, sample_tokens
 
 AUTO_START, AUTO_MAX = 4, 16
@@ -71,6 +73,7 @@ class SpeculativeSampler:
         self.cache = model.setup_cache(B, n + 1, settings.attention)
         self.layout = ragged_layout(model, "padded")  # the fast path's (measured); the reference path: padded
         self.forward = compiled(model.forward_slots, settings.compile, dev)
+        self.runs = identity_run(chain) if is_gated(model) else None  # a gated model's (`aogpt.orders.step_gates`)
         self.auto = k == "auto"
         longest = AUTO_MAX if self.auto else int(k)
         self.k = np.full(B, AUTO_START if self.auto else int(k), dtype=np.int64)
@@ -124,10 +127,12 @@ class SpeculativeSampler:
         content = np.minimum(pcol, decided[pb])
         order = sequence_major(pb, pcol)
         pb_t, pcol_t = self._t(pb), self._t(pcol)
-        logits = self.forward(self.ychain.view(-1)[self._t(pb * (n + 2) + content)][None],
-                              self.pos[pb_t, self._t(content)][None], self.tgt[pb_t, pcol_t][None],
+        pos, target = self.pos[pb_t, self._t(content)][None], self.tgt[pb_t, pcol_t][None]
+        extra = {} if self.runs is None else {"gate": step_gates(self.runs, pb_t[None], self._t(content)[None], pos,
+                                                                target)}
+        logits = self.forward(self.ychain.view(-1)[self._t(pb * (n + 2) + content)][None], pos, target,
                               attn_mask=mask, cache=self.cache, cache_pos=where,
-                              select=None if order is None else self._t(order)[None])[0]
+                              select=None if order is None else self._t(order)[None], **extra)[0]
         self.forwards += 1
         self.slots += R
         self.padded += B * W - R if self.layout == "padded" else 0

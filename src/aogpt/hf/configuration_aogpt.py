@@ -54,6 +54,9 @@ class AOGPTConfig(PreTrainedConfig):
     n_kv_head: int = _DEFAULT.n_kv_head
     qkv_bias: bool | None = _DEFAULT.qkv_bias
     mlp_bias: bool | None = _DEFAULT.mlp_bias
+    fim_tokens: list[int] | None = _DEFAULT.fim_tokens
+    pathway: str = _DEFAULT.pathway  # a gated pathway (aogpt.pathway): the source alone on left-to-right slots
+    pathway_rank: int = _DEFAULT.pathway_rank
     tokenizer: str | None = None  # our tokenizer spec: gpt2, bpe:N, bytes or hf (None: no tokenizer saved)
     weights: str | None = None  # which weights of the training run these are: "ema" or "raw"
     training_step: int = 0

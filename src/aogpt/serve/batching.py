@@ -52,6 +52,7 @@ class ForwardCall:
     cache_pos: Any
     select: torch.Tensor | None
     conditions: Conditions | None = None
+    gate: torch.Tensor | None = None  # a gated model's slots through its pathway (`aogpt.pathway`)
     shape: tuple[int, int] = field(init=False)  # (B, S): sequences, slots per sequence
 
     def __post_init__(self) -> None:
@@ -107,10 +108,12 @@ def run_together(model: torch.nn.Module, calls: list[ForwardCall], conditions: C
                  ) -> list[torch.Tensor]:
     """The logits each call would get from ``model.forward_slots`` on its own, from one stacked
     forward (calls with a KV cache; `conditions`: the adaLN tables every call's cache holds)."""
-    tokens, pos, target, select, shapes = [], [], [], [], []
+    tokens, pos, target, select, shapes, gates = [], [], [], [], [], []
     start = 0
     for call in calls:
         B, S = call.shape
+        if call.gate is not None:  # row for row, like the slots: each row's gate is its own
+            gates.append(call.gate.expand(B, S).reshape(-1))
         tokens.append(call.tokens.reshape(-1))
         pos.append(call.pos.reshape(-1))
         tgt = call.target if call.target is not None else torch.full_like(call.pos, model.config.block_size)
@@ -123,9 +126,12 @@ def run_together(model: torch.nn.Module, calls: list[ForwardCall], conditions: C
             select.append((call.select + offsets).reshape(-1))
             shapes.append((B, call.select.shape[1]))
         start += B * S
+    if gates and len(gates) != len(calls):
+        raise ValueError("a stacked forward needs every call's gates or none")
+    extra = {"gate": torch.cat(gates)[None]} if gates else {}
     logits = model.forward_slots(torch.cat(tokens)[None], torch.cat(pos)[None], torch.cat(target)[None],
                                  cache=StackedCaches(calls, conditions), cache_pos=0,
-                                 select=torch.cat(select)[None])[0]
+                                 select=torch.cat(select)[None], **extra)[0]
     out, at = [], 0
     for B, Q in shapes:
         out.append(logits[at:at + B * Q].view(B, Q, -1))
@@ -170,8 +176,9 @@ def draw_together(calls: list[DrawCall]) -> list[torch.Tensor | Exception]:
 
 def run_alone(model: torch.nn.Module, call: ForwardCall) -> torch.Tensor:
     """A call without a KV cache (the encoder, or a decoder recomputing every slot): run as it came."""
+    extra = {} if call.gate is None else {"gate": call.gate}
     return model.forward_slots(call.tokens, call.pos, call.target, attn_mask=call.attn_mask, cache=call.cache,
-                               cache_pos=call.cache_pos, select=call.select, conditions=call.conditions)
+                               cache_pos=call.cache_pos, select=call.select, conditions=call.conditions, **extra)
 
 
 def row_invariant(model: Any) -> bool:

@@ -117,8 +117,9 @@ class SharedModel:
 
     def forward_slots(self, tokens: torch.Tensor, pos: torch.Tensor, target: torch.Tensor | None = None, *,
                       attn_mask: torch.Tensor | None = None, cache: KVCache | None = None, cache_pos: Any = None,
-                      select: torch.Tensor | None = None, conditions: Any = None) -> torch.Tensor:
-        call = ForwardCall(tokens, pos, target, attn_mask, cache, cache_pos, select, conditions)
+                      select: torch.Tensor | None = None, conditions: Any = None,
+                      gate: torch.Tensor | None = None) -> torch.Tensor:
+        call = ForwardCall(tokens, pos, target, attn_mask, cache, cache_pos, select, conditions, gate=gate)
         return self._engine._park(self._job, call, self._engine._parked)
 
     def draw_tokens(self, logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None = None,

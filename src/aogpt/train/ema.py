@@ -29,11 +29,13 @@ class EMA:
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
-        """ema <- d * ema + (1 - d) * param, for every parameter, in one fused call."""
+        """ema <- d * ema + (1 - d) * param, for every parameter that trains, in one fused call (a frozen
+        one, such as a gated model's source weights, `aogpt.pathway`, is left as it is)."""
         weight = 1.0 - self.current_decay()
-        params = [p.detach() for p in model.parameters()]
         mine = list(self.model.parameters())  # read each time: FSDP replaces them by their shards
-        torch._foreach_lerp_(mine, params, weight)
+        pairs = [(m, p.detach()) for m, p in zip(mine, model.parameters(), strict=True) if p.requires_grad]
+        if pairs:
+            torch._foreach_lerp_([m for m, _ in pairs], [p for _, p in pairs], weight)
         self.num_updates += 1
 
     def state_dict(self) -> dict[str, torch.Tensor]:

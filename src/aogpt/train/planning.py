@@ -23,6 +23,7 @@ from typing import Any
 from aogpt.checkpoint import CKPT_PREFIX, find_checkpoint, list_checkpoints, read_config
 from aogpt.config import (
     ADAPT_WHY,
+    GATED_WHY,
     ModelConfig,
     TrainConfig,
     apply_overrides,
@@ -220,7 +221,7 @@ def carried_recipe(init_from: Any, given_preset: str | None) -> tuple[str | None
     if not isinstance(recipe, str):
         return None, ""
     get_preset(recipe)  # a name this version knows
-    why = ADAPT_WHY if recipe == "adapt" else "the preset the checkpoint names"
+    why = {"adapt": ADAPT_WHY, "adapt-gated": GATED_WHY}.get(recipe, "the preset the checkpoint names")
     return recipe, f"recipe: {recipe}, carried by {init_from} ({why}); --preset NAME picks another"
 
 

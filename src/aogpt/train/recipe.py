@@ -17,7 +17,7 @@ with is lost within a few steps. Three things hold it, each a `TrainConfig` fiel
 Replay and distillation hold the model to its source, and hold it back from the other orders too. The
 **hold** (`Hold`, `hold_floor`) lets go when the orders do: both are weighted by
 ``floor + (1 - floor) * closeness``, where closeness measures how far the step's orders (the order
-curriculum's stage, `aogpt.orders.Curriculum`) still are from the run's own ones towards left to right,
+curriculum's stage, `aogpt.curriculum.Curriculum`) still are from the run's own ones towards left to right,
 by the share of their steps that read the leftmost unread position, as left to right does every step
 (`leftmost_share`): 1 in the curriculum's left-to-right opening, falling through its Mallows ramp, 0
 (the floor) once the orders are the run's. A function of the step and the config alone, so a checkpoint
@@ -56,7 +56,7 @@ def replay_rows(order: torch.Tensor, share: float, generator: torch.Generator | 
 def replay_from(cfg: TrainConfig) -> int:
     """The first step replay applies to: after the curriculum's leading left-to-right stages (which read
     left to right anyway: drawing there would only shift the order stream)."""
-    from aogpt.orders import make_curriculum
+    from aogpt.curriculum import make_curriculum
 
     start = 0
     for begin, end, stage in make_curriculum(cfg.curriculum, cfg.order, cfg.l2r_first_steps, cfg.decay_steps).stages:
@@ -71,10 +71,16 @@ def leftmost_share(sampler: object, n: int) -> float:
     yet read (rank 0 in `aogpt.orders.decode_ranks`), exactly: 1 for left to right, the mean over the m = n..1
     positions left of P(rank 0) for the samplers that draw ranks (uniform 1/m, Mallows (1 - q) / (1 - q^m)
     with q = e^-theta, window 1 / min(W, m)), a mixture's weighted, and a fixed permutation's own count."""
-    from aogpt.orders import Fixed, Mallows, Mixture, Uniform, Window
+    from aogpt.orders import Blend, Fixed, Infill, Mallows, Mixture, Uniform, Window
 
     if getattr(sampler, "left_to_right", False):
         return 1.0
+    if isinstance(sampler, Blend):
+        return sum(w * leftmost_share(part, n) for part, w in sampler.parts)
+    if isinstance(sampler, Infill):  # the prefix's and the gap's steps read the leftmost unread position, the suffix's
+        # not (its first step skips the gap): a + L of n steps, the start a uniform on 0..n-L
+        lengths = sampler.gap_lengths(n)
+        return sum((n - g) / 2 + g for g in lengths) / len(lengths) / n
     if isinstance(sampler, Uniform):
         return _mean_over_remaining(n, lambda m: 1.0 / m)
     if isinstance(sampler, Mixture):
@@ -91,7 +97,7 @@ def leftmost_share(sampler: object, n: int) -> float:
         later_smaller = (perm[None, :] < perm[:, None]).triu(diagonal=1).sum(1)  # each step's rank
         return int((later_smaller == 0).sum()) / n
     raise AOGPTError(f"order {getattr(sampler, 'spec', sampler)!r} has no known leftmost share",
-                     "use l2r, uniform, mixture, mallows, window, fixed-random or blockwise orders")
+                     "use l2r, uniform, mixture, mallows, window, fixed-random, blockwise, infill orders or blends")
 
 
 def _mean_over_remaining(n: int, p_rank0) -> float:
@@ -107,7 +113,7 @@ class Hold:
     schedule, whose decay a time budget may place; wsd only), and is the larger of the two."""
 
     def __init__(self, cfg: TrainConfig, n: int, schedule: Any = None):
-        from aogpt.orders import make_curriculum
+        from aogpt.curriculum import make_curriculum
         from aogpt.train.schedule import LRSchedule
 
         self.floor, self.anneal, self.n = cfg.hold_floor, cfg.hold_anneal, n

@@ -167,6 +167,7 @@ class OptimizerStep:
                     loss = training_loss(self.step_model, idx, order, order_gen) / self.accum
                 else:
                     loss = distilled_loss(self.step_model, self.teacher, idx, order, distill, order_gen) / self.accum
-            loss.backward()
+            if loss.requires_grad:  # not when every row read left to right through a gated model's frozen source
+                loss.backward()
             total += loss.detach()
         return total

@@ -17,12 +17,12 @@ from torch import nn
 
 from aogpt import compiling
 from aogpt.config import ModelConfig, TrainConfig
+from aogpt.curriculum import make_curriculum
 from aogpt.data.fim import fim_rows, sentinels_of
 from aogpt.device import resolve_device
 from aogpt.errors import AOGPTError
 from aogpt.families import family
 from aogpt.model import Transformer
-from aogpt.orders import make_curriculum
 from aogpt.precision import name_of
 from aogpt.seeds import draw_seed
 from aogpt.train import checkpointing, distributed, loop, recipe
@@ -142,7 +142,7 @@ class Trainer:
     # ------------------------------------------------------------------ one step
     def _global_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole step's sequences and orders (all ranks, all micro-steps) from the shared streams;
-        the orders from the curriculum's stage of this step (`aogpt.orders.Curriculum`)."""
+        the orders from the curriculum's stage of this step (`aogpt.curriculum.Curriculum`)."""
         idx = self.data.get_batch("train", self.sequences_per_step, self.block_size, self.data_gen)
         if self.fim is not None:
             idx = fim_rows(idx, self.cfg.fim_rate, self.cfg.fim_spm_rate, self.fim, self.fim_gen)

@@ -6,9 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from aogpt.bench.training.adapt import BASE, CANDIDATES, MEASURED, _plain
 from aogpt.bench.training.adapt_report import summary, to_markdown
-from aogpt.config import ADAPT_RECIPE, train_config
 
 
 def _rows(rng: np.random.Generator) -> list[dict]:
@@ -50,21 +48,6 @@ def test_the_paired_differences_and_the_targets():
     assert "AO-GPT from scratch (10 + 5 steps) | 15/15/15 |" in table
 
 
-def test_every_candidate_is_a_valid_adapt_recipe():
-    for name, fields in CANDIDATES.items():
-        cfg = train_config("adapt", "aogpt", **fields(300), max_steps=300, init_from="x")
-        assert cfg.max_steps == 300, name
-    plain = train_config("adapt", "aogpt", **_plain(300))
-    assert plain.backbone_lr_mult == 1.0 and plain.replay_l2r == 0.0 and plain.distill_l2r == 0.0
-    quick = train_config("quickstart", "aogpt")
-    assert (plain.lr, plain.min_lr, plain.warmup_steps) == (quick.lr, quick.min_lr, quick.warmup_steps)
-    assert plain.curriculum != ADAPT_RECIPE["curriculum"] and plain.target_lr_mult == 10.0
-
-
-def test_the_adapt_preset_is_the_measured_candidate():
-    assert {**BASE, **CANDIDATES[MEASURED](300)} == ADAPT_RECIPE
-
-
 def test_a_scratch_family_branch_is_the_run_budgeted_for_it(tmp_path):
     """AO-GPT from scratch for 10 and 12 steps, their start fitted to 10, trained as one trunk with the decays
     branched off: each gives, score for score, the run budgeted for its own steps; the trunk is trained once,
@@ -89,3 +72,42 @@ def test_a_scratch_family_branch_is_the_run_budgeted_for_it(tmp_path):
     _train(mc, cfg, study.data, study.windows, 0, 3, "cut", None, tmp_path / "cut", 3, stop_at=7)
     resumed = _train(mc, cfg, study.data, study.windows, 0, 3, "cut", None, tmp_path / "cut", 3)[1]
     assert (resumed["l2r"], resumed["any"]) == (short["l2r"], short["any"])
+
+
+def test_the_gated_table_pairs_infilling_with_the_source_by_seed():
+    from aogpt.bench.training.adapt_report import gated_table
+
+    rng = np.random.default_rng(1)
+    rows = _rows(rng)
+    for r in rows:
+        r["source"]["infill"] = {"prefix/l2r": 2.4 + rng.normal(0, 0.05)}
+        r["gated-r8/F5"] = {"l2r": r["source"]["l2r"], "any": 3.0 + rng.normal(0, 0.01), "steps": 5,
+                            "cpu_seconds": 2.0, "trainable_parameters": 1234,
+                            "infill": {"both/l2r": 2.2 + rng.normal(0, 0.02)}}
+    result = {"rows": rows, "finetune": [5], "candidates": ["recipe", "gated-r8"], "steps": 10, "eval_bytes": 100,
+              "tokenizer": "bpe:512", "preset": "quickstart", "threads": 1, "unigram": 3.6,
+              "environment": {"device": "cpu", "threads": 1, "torch": "x"}}
+    result["summary"] = summary(result)
+    gap = np.array([r["gated-r8/F5"]["infill"]["both/l2r"] - r["source"]["infill"]["prefix/l2r"] for r in rows])
+    got = result["summary"]["F5/gated-r8-source/infill/both/l2r"]
+    half = stats.t.ppf(0.975, 2) * gap.std(ddof=1) / np.sqrt(3)
+    assert got["mean"] == pytest.approx(gap.mean()) and got["low"] == pytest.approx(gap.mean() - half)
+    assert result["summary"]["F5/gated-r8-source/l2r"]["mean"] == 0.0
+    text = "\n".join(gated_table(result))
+    assert "adapted + gated-r8" in text and "1,234" in text and "400" in text  # 2 CPU s / 5 steps
+    assert "## The gated pathway" in to_markdown(result)
+
+
+def test_a_gated_family_branch_is_the_run_budgeted_for_it_and_the_source_left_to_right(tmp_path):
+    from aogpt.bench.training.adapt import Study, _train
+
+    study = Study(tmp_path / "data", tmp_path / "work", 0, 5, eval_bytes=600, curve_every=0, width=64,
+                  save_every=0, tokenizer="bytes")
+    source = study.source()
+    got = study.candidate("gated-r8", 10, (10, 12))
+    assert got["branched_at"] == 8 and got["l2r"] == source["l2r"]  # left to right: the source, exactly
+    mc, cfg, start, _ = study._candidate_configs("gated-r8", 10, 0)
+    direct = _train(mc, cfg, study.data, study.windows, 0, 0, "direct", None, tmp_path / "direct", 0, start,
+                    infill=False)[1]
+    assert (got["l2r"], got["any"]) == (direct["l2r"], direct["any"])
+    assert got["trainable_parameters"] < got["parameters"] and "infill" in got

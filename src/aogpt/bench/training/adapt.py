@@ -17,6 +17,14 @@ path is recorded):
 4. **l2r**: the source trained F more steps left to right (at the recipe's backbone rate), so "it was
    just more training" is ruled out.
 
+The **gated** candidates (`GATED`; `aogpt.pathway`) adapt the source with a gated pathway of a delta rank
+(8, 32, full) and train only the pathway (`aogpt.config.GATED_RECIPE`): read left to right they are the
+source, exactly. With several fine-tuning lengths F, a candidate (like scratch) is trained as one trunk
+budgeted for the longest F with each budget's decay branched off it (`Study.branched`): bit for bit the
+run budgeted for F when its fields do not depend on F (the gated ones), else fitted to the shortest F.
+Every path's end is also scored on the 32-token infilling of `aogpt eval --infill` (its default cuts:
+32 tokens each side, 64 spans), given both sides and given the prefix only (`_infill`).
+
 Every path is a run budgeted for its own steps (a 500-step path is not read off a longer run: the decay
 and the stages are fitted to the budget). It is scored at its end (and every `curve_every` steps)
 on the held-out plays in bits per byte, EMA weights, left to right and in one random order. A finished
@@ -40,101 +48,64 @@ import torch
 
 from aogpt.bench.common import cpu_seconds, write_outputs
 from aogpt.bench.environment import environment, finish_environment
+from aogpt.bench.training.adapt_candidates import (
+    BASE,
+    CANDIDATES,
+    GATED,
+    LETGO,
+    MEASURED,
+    ORDER,
+    PRESET,
+    STUDY,
+    _known,
+    fitted_to,
+)
 from aogpt.bench.training.recipe import data_for, eval_windows
-from aogpt.config import ADAPT_RECIPE, any_order_start, model_config, train_config
+from aogpt.config import ADAPT_RECIPE, GATED_RECIPE, any_order_start, model_config, train_config
 from aogpt.errors import AOGPTError
 
 TOKENIZER = "bpe:512"
-PRESET = "quickstart"
 WIDTH = 192  # the quickstart's width (3 heads of 64)
-ORDER = "mixture"  # AO-GPT's own mixture (10% left to right): scratch's order and the candidates' final one
 EVAL_BATCH = 16
 PATHS = ("source", "l2r", "scratch", "scratch-sf", "candidates")
-RATES = ("lr", "min_lr", "warmup_steps", "target_lr_mult", "lr_schedule", "decay_share", "ema_decay")
+INFILL_LENGTH = 32  # the span length of the infilling score (`aogpt eval --infill`'s cuts of it)
 SILENT = dict(max_minutes=0.0, eval_interval=10**9, ckpt_interval=10**9, log_interval=10**6, compile="off",
               keep_last=0)  # the bench keeps and removes checkpoints itself (`_save`)
 
 
-def _plain(steps: int) -> dict[str, Any]:
-    """The fine-tuning before any recipe: the quickstart rates for every weight (target pathway x10), no
-    replay, no distillation, the any-order start fitted to the run."""
-    quick = train_config(PRESET, "aogpt")
-    return {**{k: getattr(quick, k) for k in RATES}, "order": ORDER, "backbone_lr_mult": 1.0, "replay_l2r": 0.0,
-            "distill_l2r": 0.0, **any_order_start(ORDER, steps)}
+def _infill(model: torch.nn.Module, data: Any) -> dict[str, Any]:
+    """The infilling of `aogpt eval --infill` at `INFILL_LENGTH` tokens (its default cuts of the held-out
+    text, seed 0: the same spans for every path and seed), exactly (`aogpt.evaluation.infill.span_nll`):
+    given both sides, the span left to right (both/l2r) and in 4 random orders (both/random, their mean
+    per span), and given the prefix only (prefix/l2r); per row the mean bits per byte over the spans, and
+    each span's. (The adaptive order of `aogpt eval --infill`'s both/best costs a forward per span token:
+    left out of a study that scores every path.)"""
+    import math
 
+    import numpy as np
 
-FAST = {"curriculum": "l2r@10,mallows:4..0.05@60"}  # a short ramp: near uniform orders after 60 steps
-SCALED = {"curriculum": "l2r@1%,mallows:4..0.05@30%"}  # the stages as shares of F (aogpt.orders.Curriculum)
+    from aogpt.evaluation.infill import make_cuts, span_nll
+    from aogpt.families import family_of
+    from aogpt.seeds import draw_seed
 
-
-def _ramp(steps: int) -> dict[str, Any]:
-    return {"curriculum": f"l2r@10,mallows:4..0.05@{max(11, steps)}"}
-
-
-# The recipe the candidates change (the `adapt` preset as it was when the first screening began; kept here so
-# a later preset does not change what a kept result means). `MEASURED` is the candidate the preset now is (the
-# test tests/bench/training/test_adapt.py holds them equal, the step budget aside).
-BASE: dict[str, Any] = dict(
-    batch_size=16, max_steps=100_000, max_minutes=10.0, lr=3e-3, min_lr=3e-4, warmup_steps=10,
-    backbone_lr_mult=0.1, target_lr_mult=1.0, replay_l2r=0.25, distill_l2r=1.0, order="mixture",
-    curriculum="l2r@10,mallows:4..0.05@200", lr_schedule="wsd", decay_share=0.2, eval_interval=250,
-    eval_batches=8, log_interval=10, ckpt_interval=1000, ema_decay=0.99)
-
-# The second screening's base: target pathway at 10x, the stages scaled to F, and replay and distillation
-# letting go as the orders leave left to right, down to a fifth (aogpt.train.recipe.Hold).
-LETGO: dict[str, Any] = {"target_lr_mult": 10.0, **SCALED, "hold_floor": 0.2}
-
-# The third: the backbone at the full rate, replay and distillation let go entirely once the orders are the
-# run's own, and climbing back to full weight over the learning rate's decay.
-RETURN: dict[str, Any] = {**LETGO, "backbone_lr_mult": 1.0, "hold_floor": 0.0, "hold_anneal": 1.0}
-
-MEASURED = "recipe-fast"  # the candidate the `adapt` preset is (aogpt.config.ADAPT_RECIPE); no later one met both goals
-
-# Fine-tuning recipes: changes to `BASE` (a function of the run's steps F).
-CANDIDATES: dict[str, Callable[[int], dict[str, Any]]] = {
-    "plain": _plain,
-    "recipe": lambda f: {},
-    "roles": lambda f: {"replay_l2r": 0.0, "distill_l2r": 0.0},
-    "roles+replay": lambda f: {"distill_l2r": 0.0},
-    "recipe-replay0.5": lambda f: {"replay_l2r": 0.5},
-    "recipe-distill0": lambda f: {"distill_l2r": 0.0, "replay_l2r": 0.5},
-    "recipe-kl3": lambda f: {"distill_l2r": 3.0},
-    "recipe-backbone0.3": lambda f: {"backbone_lr_mult": 0.3},
-    "recipe-backbone1": lambda f: {"backbone_lr_mult": 1.0},
-    "recipe-target3": lambda f: {"target_lr_mult": 3.0},
-    "recipe-backbone0.03": lambda f: {"backbone_lr_mult": 0.03},
-    "recipe-slow-ramp": _ramp,
-    "recipe-no-ramp": lambda f: {"curriculum": "l2r@10"},
-    "pathway-only": lambda f: {"freeze_backbone_steps": f},
-    "recipe-target10": lambda f: {"target_lr_mult": 10.0},
-    "recipe-fast": lambda f: {"target_lr_mult": 10.0, **FAST},
-    "recipe-fast-backbone0.3": lambda f: {"target_lr_mult": 10.0, "backbone_lr_mult": 0.3, **FAST},
-    "recipe-fast-backbone1": lambda f: {"target_lr_mult": 10.0, "backbone_lr_mult": 1.0, **FAST},
-    # the second screening (stages scaled to F; the hold)
-    "scaled": lambda f: {"target_lr_mult": 10.0, **SCALED},
-    "scaled-roles": lambda f: {"target_lr_mult": 10.0, **SCALED, "replay_l2r": 0.0, "distill_l2r": 0.0},
-    "letgo": lambda f: dict(LETGO),
-    "letgo-floor0.5": lambda f: {**LETGO, "hold_floor": 0.5},
-    "letgo-floor0.05": lambda f: {**LETGO, "hold_floor": 0.05},
-    "letgo-backbone0.3": lambda f: {**LETGO, "backbone_lr_mult": 0.3},
-    "letgo-backbone1": lambda f: {**LETGO, "backbone_lr_mult": 1.0},
-    "letgo-target3": lambda f: {**LETGO, "target_lr_mult": 3.0},
-    "letgo-target30": lambda f: {**LETGO, "target_lr_mult": 30.0},
-    "letgo-ramp50": lambda f: {**LETGO, "curriculum": "l2r@1%,mallows:4..0.05@50%"},
-    "letgo-ramp15": lambda f: {**LETGO, "curriculum": "l2r@1%,mallows:4..0.05@15%"},
-    "scaled-backbone1": lambda f: {"target_lr_mult": 10.0, **SCALED, "backbone_lr_mult": 1.0},
-    "letgo-floor0.5-backbone1": lambda f: {**LETGO, "hold_floor": 0.5, "backbone_lr_mult": 1.0},
-    "letgo-kl3-backbone1": lambda f: {**LETGO, "distill_l2r": 3.0, "backbone_lr_mult": 1.0},
-    # the hold climbs back to full weight over the learning rate's decay
-    "return-backbone1": lambda f: {**LETGO, "backbone_lr_mult": 1.0, "hold_anneal": 1.0},
-    "return-floor0-backbone1": lambda f: {**LETGO, "backbone_lr_mult": 1.0, "hold_floor": 0.0, "hold_anneal": 1.0},
-    "return-strong": lambda f: {**RETURN, "replay_l2r": 0.5, "distill_l2r": 3.0},
-    "return-long": lambda f: {**RETURN, "decay_share": 0.4},
-    "return-strong-long": lambda f: {**RETURN, "replay_l2r": 0.5, "distill_l2r": 3.0, "decay_share": 0.4},
-    "return-backbone0.3": lambda f: {**RETURN, "backbone_lr_mult": 0.3},
-    "return-strong-xlong": lambda f: {**RETURN, "replay_l2r": 0.5, "distill_l2r": 3.0, "decay_share": 0.6},
-    "return-kl10-long": lambda f: {**RETURN, "replay_l2r": 0.5, "distill_l2r": 10.0, "decay_share": 0.4},
-}
+    ids = np.concatenate([np.asarray(s, dtype=np.int64) for s in data.shards("val")])
+    cuts = make_cuts(ids, INFILL_LENGTH, seed=0, eot_id=data.tokenizer.eot_id)
+    C, L = cuts.context, cuts.length
+    nbytes = data.token_byte_lengths()[cuts.spans.long()].sum(1).double()
+    rows: dict[str, list[torch.Tensor]] = {"prefix/l2r": [], "both/l2r": [], "both/random": []}
+    gens = [torch.Generator().manual_seed(draw_seed(0, "infill-orders", L, k)) for k in range(4)]
+    was = model.training
+    model.eval()
+    for chunk in cuts.windows.split(EVAL_BATCH):
+        rows["prefix/l2r"].append(span_nll(model, chunk, C, L, sides="prefix").cpu())
+        if family_of(model).any_order:
+            rows["both/l2r"].append(span_nll(model, chunk, C, L).cpu())
+            draws = [span_nll(model, chunk, C, L, torch.rand(chunk.shape[0], L, generator=g).argsort(1)).cpu()
+                     for g in gens]
+            rows["both/random"].append(torch.stack(draws).mean(0))
+    model.train(was)
+    spans = {row: (torch.cat(v) / nbytes / math.log(2)).tolist() for row, v in rows.items() if v}
+    return {"length": L, "spans": spans, **{row: sum(v) / len(v) for row, v in spans.items()}}
 
 
 def _score(model: torch.nn.Module, windows: torch.Tensor, lengths: Any, seed: int, any_order: bool) -> dict[str, float]:
@@ -150,7 +121,7 @@ def _score(model: torch.nn.Module, windows: torch.Tensor, lengths: Any, seed: in
 def _train(model_cfg: Any, train_cfg: Any, data: Any, windows: torch.Tensor, seed: int, curve_every: int, label: str,
            progress: Callable[[str], None] | None, run_dir: Path, save_every: int,
            start: dict[str, float] | None = None, *, stop_at: int | None = None, keep: tuple[int, ...] = (),
-           branch: tuple[Path, dict[str, Any]] | None = None) -> tuple[Any, dict]:
+           branch: tuple[Path, dict[str, Any]] | None = None, infill: bool = True) -> tuple[Any, dict]:
     """Train until step `stop_at` (default `train_cfg.max_steps`) in `run_dir`; (trainer, record: steps, CPU
     seconds, curve, final scores).
 
@@ -190,8 +161,13 @@ def _train(model_cfg: Any, train_cfg: Any, data: Any, windows: torch.Tensor, see
                          + ", ".join(f"{k} {v:.3f}" for k, v in point.items()) + " bits/byte")
         if done in keep or (save_every and done % save_every == 0 and done < steps):
             _save(trainer, run_dir, {"cpu": cpu, "curve": curve}, keep)
-    return trainer, {"steps": steps, "cpu_seconds": cpu, "curve": curve, **curve[-1],
-                     "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+    record = {"steps": steps, "cpu_seconds": cpu, "curve": curve, **(curve[-1] if curve else {}),
+              "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+              "trainable_parameters": sum(p.numel() for p in trainer.raw.parameters() if p.requires_grad),
+              "parameters": trainer.raw.num_params()}
+    if infill and trainer.step == steps:
+        record["infill"] = _infill(trainer.ema.model, data)
+    return trainer, record
 
 
 def _save(trainer: Any, run_dir: Path, state: dict[str, Any], keep: tuple[int, ...]) -> None:
@@ -258,34 +234,66 @@ class Study:
             return record
         return _cached(self.dir / f"source-S{self.steps}.json", make)
 
-    def adapted(self) -> tuple[Any, dict[str, float]]:
-        """The adapted checkpoint (made once) and its scores at step 0."""
+    def adapted(self, pathway: str = "shared", rank: int = 0) -> tuple[Any, dict[str, float]]:
+        """The adapted checkpoint (made once; `pathway` gated: with a gated pathway of delta rank `rank`) and its
+        scores at step 0."""
         from aogpt.adaptation import adapt
         from aogpt.checkpoint import load
 
         self.source()
-        path = self.dir / "adapted"
+        name = "adapted" if pathway == "shared" else f"adapted-gated-r{rank or 'full'}"
+        path = self.dir / name
         if not (path / "config.json").is_file():
-            adapt(self.dir / "source", "aogpt", path, seed=self.seed, overwrite=True)
+            adapt(self.dir / "source", "aogpt", path, seed=self.seed, overwrite=True, pathway=pathway, rank=rank)
         loaded = load(path, weights="raw")
-        score = self.dir / f"adapted-S{self.steps}.json"
+        score = self.dir / f"{name}-S{self.steps}.json"
         if not score.is_file():
             score.write_text(json.dumps(_score(loaded.model, self.windows, self.data.token_byte_lengths(), self.seed,
                                                True)))
         return loaded, json.loads(score.read_text())
 
-    def candidate(self, name: str, f: int) -> dict[str, Any]:
-        if name not in CANDIDATES:
-            raise AOGPTError(f"unknown candidate {name!r}", f"choose from: {', '.join(CANDIDATES)}")
+    def _candidate_configs(self, name: str, f: int, fitted: int) -> tuple[Any, Any, dict[str, float], dict]:
+        """(model config, train config for `f` steps with the F-dependent fields fitted to `fitted`, the adapted
+        model's scores at step 0, the fields the candidate sets)."""
+        if name in GATED:
+            rank, change = GATED[name]
+            loaded, start = self.adapted("gated", rank)
+            fields = {**GATED_RECIPE, **change(fitted)}
+            preset, adapted = "adapt-gated", self.dir / f"adapted-gated-r{rank or 'full'}"
+        else:
+            loaded, start = self.adapted()
+            fields = {**BASE, **CANDIDATES[name](fitted)}
+            preset, adapted = "adapt", self.dir / "adapted"
+        fields = {**fields, "init_from": str(adapted), **self._fields(f)}
+        return loaded.config, train_config(preset, "aogpt", **fields), start, fields
+
+    def candidate(self, name: str, f: int, budgets: tuple[int, ...] = ()) -> dict[str, Any]:
+        """A candidate fine-tuned `f` steps; with `budgets` (several F), branched off their trunk (`branched`)."""
+        if not _known(name):
+            raise AOGPTError(f"unknown candidate {name!r}", f"choose from: {', '.join([*CANDIDATES, *GATED])}")
+        fitted = fitted_to(name, budgets or (f,))  # 0: the same fields at every F
+
+        def configs(n: int) -> tuple[Any, Any]:
+            mc, tc, _, _ = self._candidate_configs(name, n, fitted or n)
+            return mc, tc
+
+        def finish(record: dict[str, Any], n: int) -> dict[str, Any]:
+            _, tc, _, fields = self._candidate_configs(name, n, fitted or n)
+            return {**record, "fields": {k: v for k, v in tc.__dict__.items() if k in ADAPT_RECIPE or k in fields}}
+
+        key = self.dir / (f"{name}-S{self.steps}-F{f}.json" if fitted == f or fitted == 0
+                          else f"{name}-S{self.steps}-F{f}-C{fitted}.json")
+        start = self._candidate_configs(name, f, fitted or f)[2]
+        if len(budgets) > 1:
+            record = self.branched(key, f"{name}-trunk-S{self.steps}-C{fitted}", name, configs, budgets, f, start)
+            return finish(record, f)
 
         def make(run_dir: Path) -> dict[str, Any]:
-            loaded, start = self.adapted()
-            fields = {**BASE, **CANDIDATES[name](f), "init_from": str(self.dir / "adapted"), **self._fields(f)}
-            cfg = train_config("adapt", "aogpt", **fields)
-            _, record = _train(loaded.config, cfg, self.data, self.windows, self.seed, self.curve_every, name,
-                               self.progress, run_dir, self.save_every, start)
-            return {**record, "fields": {k: v for k, v in cfg.__dict__.items() if k in ADAPT_RECIPE or k in fields}}
-        return _cached(self.dir / f"{name}-S{self.steps}-F{f}.json", make)
+            mc, tc = configs(f)
+            _, record = _train(mc, tc, self.data, self.windows, self.seed, self.curve_every, name, self.progress,
+                               run_dir, self.save_every, start)
+            return finish(record, f)
+        return _cached(key, make)
 
     def _scratch_configs(self, n: int, fitted: int) -> tuple[Any, Any]:
         """AO-GPT from scratch for `n` steps, its any-order start fitted to `fitted` steps."""
@@ -303,38 +311,43 @@ class Study:
     def scratch_family(self, n: int, budgets: tuple[int, ...]) -> dict[str, Any]:
         """AO-GPT from scratch for `n` steps, one of a family of `budgets` that share their any-order start
         (fitted to the shortest) and so, under the warm-up-stable-decay schedule, every step before their
+        decays (`branched`): bit for bit the run budgeted for `n` with that start (tests/bench/test_adapt.py)."""
+        fitted, longest = min(budgets), max(budgets)
+        key = self.dir / (f"scratch-N{n}.json" if n == fitted else f"scratch-N{n}-C{fitted}.json")
+        return self.branched(key, f"scratch-trunk-C{fitted}-N{longest}", "scratch",
+                             lambda b: self._scratch_configs(b, fitted), budgets, n, None)
+
+    def branched(self, key: Path, trunk: str, label: str, configs: Callable[[int], tuple[Any, Any]],
+                 budgets: tuple[int, ...], n: int, start: dict[str, float] | None) -> dict[str, Any]:
+        """The run of `n` steps of a family of `budgets` whose configs (`configs(budget)`: model, train) differ
+        in their step budget only, and so, under the warm-up-stable-decay schedule, in nothing before their
         decays: one trunk run (budgeted for the longest) is trained to each budget's decay, and from there the
         budget's own run (budgeted for `n`: its decay) branches off. What it gives is, bit for bit, the run
         budgeted for `n` with that start (tests/bench/training/test_adapt.py); it costs the trunk plus the decays."""
         from aogpt.checkpoint import checkpoint_name
         from aogpt.train import LRSchedule
 
-        fitted, longest = min(budgets), max(budgets)
-        if n == fitted:
-            key = self.dir / f"scratch-N{n}.json"  # the family's shortest is the plain fitted run
-        else:
-            key = self.dir / f"scratch-N{n}-C{fitted}.json"
+        longest = max(budgets)
 
         def make(run_dir: Path) -> dict[str, Any]:
             from aogpt.io import directory_lock
 
-            mc, cfg = self._scratch_configs(n, fitted)
-            points = tuple(sorted(LRSchedule(self._scratch_configs(b, fitted)[1])._planned_decay()[0]
-                                  for b in budgets))
+            mc, cfg = configs(n)
+            points = tuple(sorted(LRSchedule(configs(b)[1])._planned_decay()[0] for b in budgets))
             fork = LRSchedule(cfg)._planned_decay()[0]
-            trunk_dir = self.dir / f"scratch-trunk-C{fitted}-N{longest}"
+            trunk_dir = self.dir / trunk
             trunk_dir.mkdir(parents=True, exist_ok=True)
             with directory_lock(trunk_dir, "aogpt bench adapt", inside=True, flag="--work"):
                 if not (trunk_dir / f"point-{fork}.json").is_file():
-                    _, trunk_cfg = self._scratch_configs(longest, fitted)
+                    _, trunk_cfg = configs(longest)
                     _train(mc, trunk_cfg, self.data, self.windows, self.seed, self.curve_every,
-                           f"scratch trunk ({', '.join(map(str, budgets))})", self.progress, trunk_dir,
-                           self.save_every, stop_at=fork, keep=points)
+                           f"{label} trunk ({', '.join(map(str, budgets))})", self.progress, trunk_dir,
+                           self.save_every, start, stop_at=fork, keep=points)
 
             branch = (trunk_dir / checkpoint_name(fork), json.loads((trunk_dir / f"point-{fork}.json").read_text()))
-            record = _train(mc, cfg, self.data, self.windows, self.seed, self.curve_every, f"scratch {n}",
+            record = _train(mc, cfg, self.data, self.windows, self.seed, self.curve_every, f"{label} {n}",
                             self.progress, run_dir, self.save_every, branch=branch)[1]
-            return {**record, "branched_at": fork, "fitted_to": fitted}
+            return {**record, "branched_at": fork, "fitted_to": min(budgets)}
         return _cached(key, make)
 
     def l2r(self, f: int) -> dict[str, Any]:
@@ -360,21 +373,33 @@ class Study:
 def run(data_root: Path, work: Path, *, steps: int = 1000, finetune: tuple[int, ...] = (1000,),
         candidates: tuple[str, ...] = (MEASURED,), seeds: int = 1, seed: int = 0, only: tuple[str, ...] = PATHS,
         eval_bytes: int | None = 30_000, curve_every: int = 250, width: int = WIDTH, save_every: int = 250,
-        out: Path | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+        out: Path | None = None, progress: Callable[[str], None] | None = None, jobs: int = 1) -> dict[str, Any]:
     """Every seed's paths (those in `only` trained, the others read where kept); the report is rewritten
-    after each seed, so an interrupted study keeps it."""
+    after each seed, so an interrupted study keeps it. `jobs` > 1: the paths are first trained in that many
+    processes of their own (every seed's source, then every seed's paths at the shortest F, then at the next F,
+    ...: a family of F trains its trunk as far as each F needs), then read back here."""
     from aogpt.bench.training.adapt_report import plot, summary, to_markdown
 
-    unknown = sorted(set(candidates) - set(CANDIDATES)) + sorted(set(only) - set(PATHS))
+    unknown = sorted(c for c in candidates if not _known(c)) + sorted(set(only) - set(PATHS))
     if unknown:
         raise AOGPTError(f"unknown candidate or path {unknown[0]!r}",
-                         f"candidates: {', '.join(CANDIDATES)}; paths: {', '.join(PATHS)}")
+                         f"candidates: {', '.join([*CANDIDATES, *GATED])}; paths: {', '.join(PATHS)}")
     result: dict[str, Any] = {"benchmark": "adapt", "steps": steps, "finetune": list(finetune), "seeds": seeds,
                               "candidates": list(candidates), "eval_bytes": eval_bytes, "tokenizer": TOKENIZER,
                               "threads": torch.get_num_threads(), "preset": PRESET, "width": width,
                               "measured": MEASURED, "rows": []}
     env = environment("cpu", "auto")  # the training default
     started = time.perf_counter()
+    if jobs > 1:
+        Study(data_root, work, seed, steps, eval_bytes=eval_bytes, curve_every=curve_every, width=width)  # the data
+        paths = [p for p in ("scratch", "scratch-sf", "l2r") if p in only]
+        paths += list(candidates) if "candidates" in only else []
+        tasks = [(s, "source", 0) for s in range(seed, seed + seeds) if "source" in only or paths]
+        tasks += [(s, p, f) for f in sorted(finetune) for s in range(seed, seed + seeds) for p in paths]
+        options = dict(steps=steps, finetune=tuple(finetune), eval_bytes=eval_bytes, curve_every=curve_every,
+                       width=width, save_every=save_every, threads=torch.get_num_threads(),
+                       progress=progress is not None)
+        _in_processes(data_root, work, tasks, options, jobs)
     for s in range(seed, seed + seeds):
         study = Study(data_root, work, s, steps, eval_bytes=eval_bytes, curve_every=curve_every, width=width,
                       save_every=save_every, progress=progress)
@@ -389,6 +414,10 @@ def run(data_root: Path, work: Path, *, steps: int = 1000, finetune: tuple[int, 
         start = study.dir / f"adapted-S{steps}.json"
         if start.is_file():
             row["adapted_start"] = json.loads(start.read_text())
+        for c in candidates:  # a gated pathway's step 0 (read left to right: the source)
+            if c in GATED and (study.dir / f"adapted-gated-r{GATED[c][0] or 'full'}-S{steps}.json").is_file():
+                row[f"{c}/start"] = json.loads((study.dir / f"adapted-gated-r{GATED[c][0] or 'full'}-S{steps}.json")
+                                               .read_text())
         result["rows"].append(row)
         result["environment"] = finish_environment(env)
         result["wall_seconds"] = time.perf_counter() - started
@@ -398,16 +427,44 @@ def run(data_root: Path, work: Path, *, steps: int = 1000, finetune: tuple[int, 
     return result
 
 
+def _path_task(task: tuple[Path, Path, int, str, int, dict[str, Any]]) -> str:
+    """One seed's path at one F in a worker process of its own (`run` with jobs > 1)."""
+    import sys
+
+    data_root, work, seed, path, f, options = task
+    torch.set_num_threads(options["threads"])
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    study = Study(data_root, work, seed, options["steps"], eval_bytes=options["eval_bytes"],
+                  curve_every=options["curve_every"], width=options["width"], save_every=options["save_every"],
+                  progress=say if options["progress"] else None)
+    _job(study, path, f, options["finetune"])
+    return f"{path} (seed {seed})"
+
+
+def _in_processes(data_root: Path, work: Path, tasks: list[tuple[int, str, int]], options: dict[str, Any],
+                  jobs: int) -> None:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter per worker: no forked torch state
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        for _ in pool.map(_path_task, [(data_root, work, s, p, f, options) for s, p, f in tasks]):
+            pass
+
+
 def _job(study: Study, path: str, f: int, finetune: tuple[int, ...]) -> dict[str, Any]:
     if path == "source":
         return study.source()
-    if path == "scratch":
-        return study.scratch(f)
+    if path == "scratch":  # several F: one family (its start fitted to the shortest), branched off one trunk
+        return study.scratch_family(f, finetune) if len(finetune) > 1 else study.scratch(f)
     if path == "scratch-sf":
         return study.scratch_family(study.steps + f, tuple(study.steps + g for g in finetune))
     if path == "l2r":
         return study.l2r(f)
-    return study.candidate(path, f)
+    return study.candidate(path, f, finetune if len(finetune) > 1 else ())
 
 
 def _file(key: str, steps: int, finetune: tuple[int, ...]) -> str:
@@ -416,11 +473,13 @@ def _file(key: str, steps: int, finetune: tuple[int, ...]) -> str:
     if path == "source":
         return f"source-S{steps}.json"
     if path == "scratch":
-        return f"scratch-N{n}.json"
+        fitted = min(finetune)
+        return f"scratch-N{n}.json" if n == fitted else f"scratch-N{n}-C{fitted}.json"
     if path == "scratch-sf":
         fitted = steps + min(finetune)
         return f"scratch-N{steps + n}.json" if steps + n == fitted else f"scratch-N{steps + n}-C{fitted}.json"
-    return f"{path}-S{steps}-F{n}.json"
+    fitted = fitted_to(path, finetune) if len(finetune) > 1 and path != "l2r" else 0
+    return f"{path}-S{steps}-F{n}.json" if fitted in (0, n) else f"{path}-S{steps}-F{n}-C{fitted}.json"
 
 
-__all__ = ["BASE", "CANDIDATES", "LETGO", "MEASURED", "PATHS", "Study", "run"]
+__all__ = ["BASE", "CANDIDATES", "GATED", "LETGO", "MEASURED", "PATHS", "STUDY", "Study", "fitted_to", "run"]

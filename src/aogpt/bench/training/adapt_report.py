@@ -67,6 +67,33 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
                     pairs[f"{ref}/{key}"] = ((k, key), (f"{ref}/F{f}", key))
             for name, (x, y) in pairs.items():
                 out[f"F{f}/{c}-{name}"] = _estimate(_series(rows, x, y))
+        for path in ("scratch", *result["candidates"]):  # the infilling, parameters and step time of each path
+            k = f"{path}/F{f}"
+            for row in INFILL_ROWS:
+                out[f"F{f}/{path}/infill/{row}"] = _estimate(_infill_series(rows, k, row))
+                out[f"F{f}/{path}-source/infill/{row}"] = _estimate(_infill_series(rows, k, row, ("source",
+                                                                                                  "prefix/l2r")))
+            out[f"F{f}/{path}/trained"] = _estimate([float(r[k]["trainable_parameters"]) for r in rows
+                                                     if "trainable_parameters" in r.get(k, {})])
+            out[f"F{f}/{path}/cpu_per_step"] = _estimate([r[k]["cpu_seconds"] / r[k]["steps"] for r in rows
+                                                          if k in r and r[k].get("steps")])
+    out["source/infill/prefix/l2r"] = _estimate(_infill_series(rows, "source", "prefix/l2r"))
+    return out
+
+
+INFILL_ROWS = ("both/l2r", "both/random", "prefix/l2r")  # of `aogpt.evaluation.infill.ROWS`: what the study scores
+
+
+def _infill_series(rows: list[dict[str, Any]], path: str, row: str, minus: tuple[str, str] | None = None
+                   ) -> list[float]:
+    """Per seed, a path's infilling score (mean bits per byte over the spans) of `row` (minus another path's
+    `minus` = (path, row): the same spans, paired by seed)."""
+    out = []
+    for r in rows:
+        x = ((r.get(path) or {}).get("infill") or {}).get(row)
+        y = 0.0 if minus is None else ((r.get(minus[0]) or {}).get("infill") or {}).get(minus[1])
+        if x is not None and y is not None:
+            out.append(float(x) - float(y))
     return out
 
 
@@ -100,6 +127,47 @@ def _cell(rows: list[dict[str, Any]], key: str, what: str) -> str:
     return "/".join(str(v) for v in vals) if what == "steps" else f"{sum(vals) / len(vals):.0f}"
 
 
+def gated_table(result: dict[str, Any]) -> list[str]:
+    """The gated pathway's table (docs/adapt.md leads with it): per F, each path's left-to-right and
+    random-order bits per byte, the random order's difference to scratch at F and the left-to-right
+    difference to the source (paired by seed), the 32-token infilling given both sides (the model's own
+    order) against the source given the prefix only, the parameters trained and the CPU time per step."""
+    s, rows = result["summary"], result["rows"]
+    gated = [c for c in result["candidates"] if c.startswith("gated")]
+    if not gated:
+        return []
+    lines = ["## The gated pathway", "",
+             "Mean [95% interval over seeds]; differences paired by seed. Infilling: 32-token spans of the held-out "
+             "text with 32 tokens each side (`aogpt eval --infill`'s cuts), bits per byte of the span; given both "
+             "sides, the span read left to right (both/l2r), minus the source given the prefix only. Trained: the "
+             "parameters that train (a gated pathway: the pathway alone; plain and scratch: all). CPU ms/step: "
+             "training CPU time per step at one thread, under the load given above.", ""]
+    src_infill = fmt(s.get("source/infill/prefix/l2r"))
+    lines.append(f"Source GPT: left to right {fmt(s['source/l2r'])}; 32-token infilling given the prefix only "
+                 f"{src_infill}.")
+    for f in result["finetune"]:
+        table = []
+        for path in ("scratch", *[c for c in result["candidates"] if not c.startswith("gated")], *gated):
+            k = f"F{f}/{path}"
+            if s.get(f"{k}/any") is None and s.get(f"{k}/l2r") is None:
+                continue
+            label = f"AO-GPT from scratch ({f} steps)" if path == "scratch" else f"adapted + {path}"
+            l2r_d = s.get(f"F{f}/{path}-source/l2r") if path != "scratch" else _estimate(
+                _series(rows, (f"scratch/F{f}", "l2r"), ("source", "l2r")))
+            any_d = s.get(f"F{f}/{path}-scratch/any") if path != "scratch" else None
+            trained = s.get(f"{k}/trained")
+            step = s.get(f"{k}/cpu_per_step")
+            table.append([label, fmt(s.get(f"{k}/l2r")), fmt(l2r_d), fmt(s.get(f"{k}/any")), fmt(any_d),
+                          fmt(s.get(f"{k}/infill/both/l2r")), fmt(s.get(f"F{f}/{path}-source/infill/both/l2r")),
+                          "-" if trained is None else f"{trained['mean']:,.0f}",
+                          "-" if step is None else f"{1000 * step['mean']:.0f}"])
+        lines += ["", f"### F = {f}", "",
+                  markdown_table(["path", "left to right", "l2r - source", "random order", "random - scratch",
+                                  "infill, both sides", "infill - source (prefix)", "trained", "CPU ms/step"],
+                                 table)]
+    return lines + [""]
+
+
 def to_markdown(result: dict[str, Any]) -> str:
     s, rows = result["summary"], result["rows"]
     S, unigram = result["steps"], result.get("unigram")
@@ -120,6 +188,8 @@ def to_markdown(result: dict[str, Any]) -> str:
         f"{fmt(s['start/any'])} (left to right: the source's)."
         + (f" The unigram plateau of the scored text: {unigram:.3f}; off the plateau: a random order at most "
            f"{unigram - OFF_PLATEAU:.3f} ({OFF_PLATEAU} below)." if unigram is not None else ""),
+        "",
+        *gated_table(result),
     ]
     for f in result["finetune"]:
         refs = [("scratch", f"AO-GPT from scratch ({f} steps)"),
@@ -193,4 +263,4 @@ def plot(result: dict[str, Any], out_png: Path) -> Path | None:
     return save_png(draw, out_png, figsize=(11, 4.0 * len(finetune)), grid=(len(finetune), 2))
 
 
-__all__ = ["summary", "to_markdown", "plot", "KEEP_L2R", "OFF_PLATEAU"]
+__all__ = ["INFILL_ROWS", "KEEP_L2R", "OFF_PLATEAU", "gated_table", "plot", "summary", "to_markdown"]
