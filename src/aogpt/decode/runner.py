@@ -107,6 +107,13 @@ def build(model: nn.Module) -> nn.Module:
     return prepare(model, choose(shapes, p.dtype, p.device))
 
 
+
+def describe_kernels(runner: nn.Module) -> str:
+    """The kernels a decode runner (`aogpt.inference.for_inference`'s result) measured in this process,
+    in users' words; a model run as it is (the reference path, a GPU) has none of its own."""
+    choice = getattr(runner, "decode_choice", None)
+    return choice.describe() if choice is not None else "the model's own layers"
+
 def row_invariant(model: nn.Module) -> bool:
     """Whether every linear layer of a decode step, called as the step calls it (the GELU and the
     residual adds fused or not; an output projection also without the add, as AO-GPT's gated

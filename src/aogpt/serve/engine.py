@@ -53,6 +53,7 @@ from typing import Any
 import greenlet
 import torch
 
+from aogpt.decode.runner import describe_kernels
 from aogpt.errors import AOGPTError
 from aogpt.generation.generate import GenerationResult, generate
 from aogpt.generation.reveal import Revealed
@@ -145,8 +146,7 @@ class Engine:
         with torch.inference_mode():
             self.conditions = self.model.conditions()
         self.row_invariant = row_invariant(self.runner)
-        choice = getattr(self.runner, "decode_choice", None)  # the fast path's kernels, measured in this process
-        self.decode_kernels = choice.describe() if choice is not None else "the model's own layers"
+        self.decode_kernels = describe_kernels(self.runner)  # measured in this process
         if not self.row_invariant:
             log.warning("this machine's matrix kernels round a row differently with the number of rows: batched "
                         "requests may differ from offline generate() in rare tokens")

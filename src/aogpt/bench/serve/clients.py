@@ -227,10 +227,10 @@ def bench_serve(checkpoint: Path, clients: int, requests: int, max_tokens: int, 
 
 def _decode_kernels(model: Any) -> str:
     """The kernels this process's decode path measured (each process measures its own at start)."""
+    from aogpt.decode.runner import describe_kernels
     from aogpt.inference import for_inference
 
-    choice = getattr(for_inference(model), "decode_choice", None)  # the prepared fast path's kernels
-    return choice.describe() if choice is not None else "the model's own layers"
+    return describe_kernels(for_inference(model))
 
 
 def _server_health(server: Server) -> dict[str, Any]:
